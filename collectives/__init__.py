@@ -1,0 +1,33 @@
+"""collectives: all-reduce algorithms in pure Python over MPI, threads, and a simulator.
+
+Quick use::
+
+    import numpy as np, collectives
+    result = collectives.allreduce(np.arange(10.0), algorithm="ring")   # under mpiexec
+
+    collectives.run_threaded(4, lambda comm: collectives.allreduce(np.ones(3), comm=comm))
+"""
+from .api import (algorithm_options, algorithms, allgather, allreduce, as_comm, broadcast, clear_caches,
+                  reduce, reduce_scatter)
+from .comm import Communicator, ThreadComm, run_threaded
+from .errors import CollectiveError, CollectiveTimeout, MismatchError, PeerAborted
+from .ops import DTYPES, OPS
+
+__version__ = "0.1.0"
+
+__all__ = ["allreduce", "algorithms", "algorithm_options", "reduce_scatter", "allgather", "broadcast",
+           "reduce", "run_threaded", "as_comm", "clear_caches", "Communicator", "ThreadComm", "MPIComm",
+           "CollectiveError", "CollectiveTimeout", "MismatchError", "PeerAborted", "OPS", "DTYPES",
+           "simulate"]
+
+
+def __getattr__(name):
+    if name == "MPIComm":
+        from .comm.mpi import MPIComm
+
+        return MPIComm
+    if name == "simulate":
+        from .simulate import simulate
+
+        return simulate
+    raise AttributeError(f"module 'collectives' has no attribute {name!r}")

@@ -1,0 +1,290 @@
+"""The public calls: allreduce and the building blocks.
+
+Every call validates its arguments before any communication (ValueError
+listing the valid choices), finds or builds the cached plan for
+(algorithm, world, count, dtype size, options), binds the caller's buffers and
+the communicator's reusable scratch, and hands them to the executor.
+"""
+from collections import OrderedDict
+
+import numpy as np
+
+from . import algorithms as _algorithms
+from . import blocks as _blocks
+from . import config
+from .backend import backend_for
+from .comm.base import Communicator
+from .executor import execute
+from .ops import OPS, check_op_dtype
+from .plan import block_bounds
+
+
+def maybe_check(comm, kind, algorithm, op, dtype, count, params):
+    if config.check_enabled():
+        from .check import agree
+
+        agree(comm, kind, algorithm, op, dtype, count, params)
+
+_PLAN_CACHE_SIZE = 512
+_plans = OrderedDict()
+_op_checks = {}
+
+
+def algorithms():
+    """Names of the registered all-reduce algorithms."""
+    return _algorithms.names()
+
+
+def as_comm(comm):
+    """A collectives communicator for None (MPI.COMM_WORLD), an mpi4py intracommunicator or one of ours."""
+    if isinstance(comm, Communicator):
+        return comm
+    from .comm import mpi as _mpi  # imports mpi4py only when MPI is asked for
+
+    return _mpi.wrap(comm)
+
+
+def _cached_plan(key, make):
+    plan = _plans.get(key)
+    if plan is None:
+        plan = make()
+        _plans[key] = plan
+        if len(_plans) > _PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    else:
+        _plans.move_to_end(key)
+    return plan
+
+
+def clear_caches():
+    """Drop cached plans and every communicator's scratch buffers are dropped with the communicator."""
+    _plans.clear()
+
+
+def _scratch(comm, backend, dtype, count):
+    store = comm.__dict__.setdefault("_collectives_scratch", {})
+    key = (backend.name, dtype)
+    buf = store.get(key)
+    if buf is None or buf.size < count:
+        buf = store[key] = backend.empty(max(count, 1), dtype)
+    return buf
+
+
+def _ufuncs(op, dtype, backend, size):
+    key = (op, dtype, backend.name)
+    hit = _op_checks.get(key)
+    if hit is None:
+        hit = _op_checks[key] = backend.ufunc(check_op_dtype(op, dtype))
+    final = None
+    if op == "avg":
+        divide = backend.ufunc("divide")
+        divisor = dtype.type(size)
+
+        def final(region):
+            divide(region, divisor, out=region)
+    return hit, final
+
+
+def _as_array(buf, name):
+    if isinstance(buf, np.ndarray) or hasattr(buf, "__cuda_array_interface__"):
+        return buf
+    if buf is None:
+        raise TypeError(f"{name} must be an array, got None")
+    return np.asarray(buf)
+
+
+def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what):
+    tmp = _scratch(comm, backend, flat_out.dtype, plan.tmp_count)
+    sync = backend.synchronize if backend.is_device else None
+    execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync)
+
+
+def _select(name, comm, nbytes, dtype):
+    forced = config.forced_algorithm()
+    if forced is not None:
+        _algorithms.get(forced)
+        return forced
+    if name == "auto":
+        from .select import choose
+
+        return choose(comm, nbytes, dtype)
+    return name
+
+
+def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, **options):
+    """Reduce ``sendbuf`` over every rank of ``comm`` with ``op``; every rank gets the result.
+
+    ``recvbuf=None`` returns a new array; ``recvbuf is sendbuf`` works in place;
+    otherwise the result goes into ``recvbuf`` (same shape and dtype) and
+    ``sendbuf`` is left unchanged. ``options`` are the algorithm's own
+    (``collectives.algorithm_options(name)`` lists them).
+    """
+    sendbuf = _as_array(sendbuf, "sendbuf")
+    backend = backend_for(sendbuf)
+    dtype = sendbuf.dtype
+    if (op, dtype, backend.name) not in _op_checks:
+        check_op_dtype(op, dtype)
+    if algorithm != "auto":
+        _algorithms.get(algorithm)
+    in_place = recvbuf is sendbuf
+    if recvbuf is not None and not in_place:
+        if getattr(recvbuf, "shape", None) != sendbuf.shape or recvbuf.dtype != dtype:
+            raise ValueError(f"recvbuf must match sendbuf: got shape {getattr(recvbuf, 'shape', None)} "
+                             f"dtype {getattr(recvbuf, 'dtype', None)}, expected shape {sendbuf.shape} "
+                             f"dtype {dtype}")
+        if backend_for(recvbuf) is not backend:
+            raise ValueError("sendbuf and recvbuf must both be host (NumPy) or both device (CuPy) arrays")
+    comm = as_comm(comm)
+    name = _select(algorithm, comm, sendbuf.nbytes, dtype)
+    module = _algorithms.get(name)
+    if name != algorithm and options:  # forced or chosen: keep only the options it takes
+        options = {k: v for k, v in options.items() if k in module.OPTIONS}
+    reduce_fn, final_fn = _ufuncs(op, dtype, backend, comm.size)
+    params = _algorithms.plan_params(module, options, comm) if (options or module.OPTIONS) else {}
+    count = sendbuf.size
+    key = ("allreduce", name, comm.size, comm.rank, count, dtype.itemsize, tuple(sorted(params.items())))
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _cached_plan(key, lambda: module.build(comm.rank, comm.size, count,
+                                                      itemsize=dtype.itemsize, **params))
+    if config.check_enabled():
+        from .check import agree
+        agree(comm, "allreduce", name, op, dtype, count, params)
+    what = f"allreduce({name})"
+
+    if in_place:
+        if backend.is_contiguous(sendbuf):
+            flat = sendbuf.reshape(-1)
+            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what)
+        else:
+            flat = backend.flat_contiguous(sendbuf).copy()
+            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what)
+            backend.copyto(sendbuf, flat.reshape(sendbuf.shape))
+        return sendbuf
+    flat_in = backend.flat_contiguous(sendbuf)
+    if recvbuf is None:
+        result = backend.empty(count, dtype)
+        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what)
+        return result.reshape(sendbuf.shape)
+    if backend.is_contiguous(recvbuf) and not backend.xp.may_share_memory(recvbuf, sendbuf):
+        _run(plan, comm, backend, flat_in, recvbuf.reshape(-1), reduce_fn, final_fn, what)
+    else:  # a strided or overlapping recvbuf: reduce into a fresh buffer, then copy
+        result = backend.empty(count, dtype)
+        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what)
+        backend.copyto(recvbuf, result.reshape(recvbuf.shape))
+    return recvbuf
+
+
+def algorithm_options(name):
+    """The options ``name`` takes, with their defaults and meaning."""
+    module = _algorithms.get(name)
+    return {k: {"default": o.default, "doc": o.doc} for k, o in module.OPTIONS.items()}
+
+
+def _block_algorithm(table, algorithm, what):
+    try:
+        return table[algorithm]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown {what} algorithm {algorithm!r}; valid: {', '.join(table)}") from None
+
+
+def _check_root(root, comm):
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < comm.size:
+        raise ValueError(f"root must be a rank in 0..{comm.size - 1}, got {root!r}")
+    return int(root)
+
+
+def reduce_scatter(sendbuf, *, op="sum", comm=None, algorithm="ring"):
+    """This rank's block (numpy.array_split of the flattened, reduced array)."""
+    sendbuf = _as_array(sendbuf, "sendbuf")
+    backend = backend_for(sendbuf)
+    builder = _block_algorithm(_blocks.REDUCE_SCATTER, algorithm, "reduce_scatter")
+    check_op_dtype(op, sendbuf.dtype)
+    comm = as_comm(comm)
+    reduce_fn, final_fn = _ufuncs(op, sendbuf.dtype, backend, comm.size)
+    count = sendbuf.size
+    plan = _cached_plan(("reduce_scatter", algorithm, comm.size, comm.rank, count),
+                        lambda: builder(comm.rank, comm.size, count))
+    maybe_check(comm, "reduce_scatter", algorithm, op, sendbuf.dtype, count, {})
+    out = backend.empty(count, sendbuf.dtype)
+    _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, reduce_fn, final_fn,
+         f"reduce_scatter({algorithm})")
+    bounds = block_bounds(count, comm.size)
+    return out[bounds[comm.rank]:bounds[comm.rank + 1]].copy()
+
+
+def _exchange_counts(comm, count):
+    """Every rank's element count, through a fixed-size int64 all-gather (no pickling)."""
+    counts = np.zeros(comm.size, dtype=np.int64)
+    mine = np.array([count], dtype=np.int64)
+    plan = _cached_plan(("allgather", "counts", comm.size, comm.rank),
+                        lambda: _blocks.allgather_ring(comm.rank, comm.size, list(range(comm.size + 1))))
+    from .backend import NUMPY
+    _run(plan, comm, NUMPY, mine, counts, None, None, "allgather(counts)")
+    return [int(c) for c in counts]
+
+
+def allgather(sendbuf, *, comm=None, algorithm="ring"):
+    """The flattened blocks of every rank, concatenated in rank order (blocks may differ in size)."""
+    sendbuf = _as_array(sendbuf, "sendbuf")
+    backend = backend_for(sendbuf)
+    builder = _block_algorithm(_blocks.ALLGATHER, algorithm, "allgather")
+    if sendbuf.dtype not in set(_dtypes()):
+        check_op_dtype("sum", sendbuf.dtype)
+    comm = as_comm(comm)
+    counts = _exchange_counts(comm, sendbuf.size)
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    plan = _cached_plan(("allgather", algorithm, comm.size, comm.rank, tuple(bounds)),
+                        lambda: builder(comm.rank, comm.size, bounds))
+    out = backend.empty(bounds[-1], sendbuf.dtype)
+    _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, None, None, f"allgather({algorithm})")
+    return out
+
+
+def _dtypes():
+    from .ops import DTYPES
+
+    return DTYPES
+
+
+def broadcast(buf, *, root=0, comm=None, algorithm="binomial"):
+    """Copy ``buf`` from ``root`` into ``buf`` on every rank; returns ``buf``."""
+    buf = _as_array(buf, "buf")
+    backend = backend_for(buf)
+    builder = _block_algorithm(_blocks.BROADCAST, algorithm, "broadcast")
+    if buf.dtype not in set(_dtypes()):
+        check_op_dtype("sum", buf.dtype)
+    comm = as_comm(comm)
+    root = _check_root(root, comm)
+    count = buf.size
+    plan = _cached_plan(("broadcast", algorithm, comm.size, comm.rank, count, root),
+                        lambda: builder(comm.rank, comm.size, count, root=root))
+    maybe_check(comm, "broadcast", algorithm, "sum", buf.dtype, count, {"root": root})
+    if backend.is_contiguous(buf):
+        flat = buf.reshape(-1)
+        _run(plan, comm, backend, flat, flat, None, None, f"broadcast({algorithm})")
+    else:
+        flat = backend.flat_contiguous(buf).copy()
+        _run(plan, comm, backend, flat, flat, None, None, f"broadcast({algorithm})")
+        backend.copyto(buf, flat.reshape(buf.shape))
+    return buf
+
+
+def reduce(sendbuf, *, root=0, op="sum", comm=None, algorithm="binomial"):
+    """The reduction of ``sendbuf`` over all ranks on ``root`` (same shape); None elsewhere."""
+    sendbuf = _as_array(sendbuf, "sendbuf")
+    backend = backend_for(sendbuf)
+    builder = _block_algorithm(_blocks.REDUCE, algorithm, "reduce")
+    check_op_dtype(op, sendbuf.dtype)
+    comm = as_comm(comm)
+    root = _check_root(root, comm)
+    reduce_fn, final_fn = _ufuncs(op, sendbuf.dtype, backend, comm.size)
+    count = sendbuf.size
+    plan = _cached_plan(("reduce", algorithm, comm.size, comm.rank, count, root),
+                        lambda: builder(comm.rank, comm.size, count, root=root))
+    maybe_check(comm, "reduce", algorithm, op, sendbuf.dtype, count, {"root": root})
+    out = backend.empty(count, sendbuf.dtype)
+    _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, reduce_fn, final_fn, f"reduce({algorithm})")
+    return out.reshape(sendbuf.shape) if comm.rank == root else None

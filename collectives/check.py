@@ -1,0 +1,63 @@
+"""COLLECTIVES_CHECK=1: ranks agree on the call before any data moves.
+
+One fixed-size exchange: each rank contributes six int64 fields (call, algorithm,
+op, dtype, count, options) through an all-gather plan; every rank compares all
+of them and raises the same MismatchError, naming the field and the ranks that
+differ from rank 0.
+"""
+import zlib
+
+import numpy as np
+
+from .errors import MismatchError
+from .ops import DTYPES, OPS
+
+FIELDS = ("call", "algorithm", "op", "dtype", "count", "options")
+_OPS = list(OPS)
+
+
+def _code(text):
+    return zlib.crc32(str(text).encode())
+
+
+def encode(kind, algorithm, op, dtype, count, params):
+    dtype_code = DTYPES.index(dtype) if dtype in DTYPES else -1
+    op_code = _OPS.index(op) if op in _OPS else -1
+    return np.array([_code(kind), _code(algorithm), op_code, dtype_code, count,
+                     _code(sorted(params.items()))], dtype=np.int64)
+
+
+def _show(field, value):
+    if field == "dtype":
+        return str(DTYPES[value]) if 0 <= value < len(DTYPES) else "?"
+    if field == "op":
+        return _OPS[value] if 0 <= value < len(_OPS) else "?"
+    if field == "count":
+        return str(value)
+    return f"#{value:08x}"
+
+
+def agree(comm, kind, algorithm, op, dtype, count, params):
+    from . import blocks
+    from .api import _cached_plan, _run
+    from .backend import NUMPY
+
+    mine = encode(kind, algorithm, op, dtype, count, params)
+    width = len(FIELDS)
+    table = np.zeros(comm.size * width, dtype=np.int64)
+    bounds = [r * width for r in range(comm.size + 1)]
+    plan = _cached_plan(("allgather", "check", comm.size, comm.rank),
+                        lambda: blocks.allgather_ring(comm.rank, comm.size, bounds))
+    _run(plan, comm, NUMPY, mine, table, None, None, f"{kind}({algorithm}) check")
+    table = table.reshape(comm.size, width)
+    for column, field in enumerate(FIELDS):
+        values = table[:, column]
+        if (values != values[0]).any():
+            groups = {}
+            for rank, value in enumerate(values.tolist()):
+                groups.setdefault(value, []).append(rank)
+            detail = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {_show(field, v)}"
+                               for v, r in groups.items())
+            differ = [r for r, v in enumerate(values.tolist()) if v != values[0]]
+            raise MismatchError(f"{kind}: ranks disagree on {field} (ranks {', '.join(map(str, differ))} "
+                                f"differ from rank 0): {detail}")

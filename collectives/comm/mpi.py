@@ -1,0 +1,151 @@
+"""MPIComm: the communicator interface over an mpi4py intracommunicator.
+
+Data travels through the buffer interface as raw bytes (``MPI.BYTE``), never
+pickled. The wrapped communicator is duplicated once, so the library's
+messages never match the user's own traffic on the same communicator; tags
+then keep successive collectives apart. Every wait polls with a deadline
+(COLLECTIVES_TIMEOUT) so that a lost peer gives ``CollectiveTimeout`` naming the
+silent ranks instead of a hang; with the timeout set to 0 the calls block in MPI.
+"""
+import os
+import time
+
+from mpi4py import MPI
+
+from .. import config
+from ..errors import CollectiveTimeout, MismatchError
+from .base import Communicator, check_received
+
+_SPIN_BEFORE_YIELD = 0.002  # seconds of pure polling before yielding the core between polls
+
+
+def _message(buf):
+    if hasattr(buf, "__cuda_array_interface__"):  # CUDA-aware MPI takes device memory as is
+        return [buf, buf.nbytes, MPI.BYTE]
+    return [buf, MPI.BYTE]
+
+
+class MPIComm(Communicator):
+    """Wrap ``comm`` (default ``MPI.COMM_WORLD``); the wrapper owns a duplicate of it."""
+
+    def __init__(self, comm=None, *, _dup=True):
+        base = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(base, MPI.Intracomm):
+            raise TypeError(f"MPIComm needs an mpi4py intracommunicator, got {type(base).__name__}")
+        self.mpi_comm = base.Dup() if _dup else base
+        self.mpi_comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank = self.mpi_comm.Get_rank()
+        self.size = self.mpi_comm.Get_size()
+        self._node_colors = None
+        tag_ub = self.mpi_comm.Get_attr(MPI.TAG_UB) or 32767
+        self._modulus = max(1, min(tag_ub + 1, 1 << 24) // 8)
+
+    def __repr__(self):
+        return f"MPIComm(rank={self.rank}, size={self.size})"
+
+    def _tag_modulus(self):
+        return self._modulus
+
+    # point-to-point
+    def isend(self, buf, dest, tag=0):
+        req = self.mpi_comm.Isend(_message(buf), dest, tag)
+        return _Req(req, dest, buf.nbytes, False)
+
+    def irecv(self, buf, source, tag=0):
+        req = self.mpi_comm.Irecv(_message(buf), source, tag)
+        return _Req(req, source, buf.nbytes, True)
+
+    def waitall(self, requests, what="wait"):
+        mpi_reqs = [r.req for r in requests]
+        statuses = [MPI.Status() for _ in requests]
+        try:
+            limit = config.timeout()
+            if not limit:
+                MPI.Request.Waitall(mpi_reqs, statuses)
+            elif not MPI.Request.Testall(mpi_reqs, statuses):
+                self._poll(requests, mpi_reqs, statuses, limit, what)
+        except MPI.Exception as exc:
+            if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+                peers = ", ".join(str(r.peer) for r in requests if r.is_recv)
+                raise MismatchError(f"{what}: a message from rank(s) {peers} is longer than expected "
+                                    f"(ranks disagree on count, dtype or algorithm)") from None
+            raise
+        for r, status in zip(requests, statuses):
+            if r.is_recv:
+                check_received(r.peer, r.nbytes, status.Get_count(MPI.BYTE), what)
+
+    @staticmethod
+    def _poll(requests, mpi_reqs, statuses, limit, what):
+        start = time.monotonic()
+        deadline = start + limit
+        testall = MPI.Request.Testall
+        spins = 0
+        while not testall(mpi_reqs, statuses):
+            spins += 1
+            if spins & 63:
+                continue
+            now = time.monotonic()
+            if now > deadline:
+                silent = sorted({r.peer for r, m in zip(requests, mpi_reqs) if m and r.is_recv}
+                                or {r.peer for r, m in zip(requests, mpi_reqs) if m})
+                raise CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
+                                        f"{', '.join(map(str, silent))} after {limit:g} s")
+            if now - start > _SPIN_BEFORE_YIELD:
+                os.sched_yield()
+
+    def sendrecv(self, sendbuf, dest, recvbuf, source, sendtag=0, recvtag=None):
+        recvtag = sendtag if recvtag is None else recvtag
+        self.waitall([self.irecv(recvbuf, source, recvtag), self.isend(sendbuf, dest, sendtag)],
+                     "sendrecv")
+
+    def exchange(self, sends, recvs, tag, what):
+        comm = self.mpi_comm
+        reqs = [_Req(comm.Irecv(_message(buf), peer, tag + chan), peer, buf.nbytes, True)
+                for peer, buf, chan in recvs]
+        reqs += [_Req(comm.Isend(_message(buf), peer, tag + chan), peer, buf.nbytes, False)
+                 for peer, buf, chan in sends]
+        self.waitall(reqs, what)
+
+    def barrier(self):
+        req = self.mpi_comm.Ibarrier()
+        self.waitall([_Req(req, -1, 0, False)], "barrier")
+
+    def split(self, color, key=0):
+        new = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
+        if new == MPI.COMM_NULL:
+            return None
+        return MPIComm(new, _dup=False)
+
+    def node_colors(self):
+        """World ranks grouped by shared-memory node: one color (the node's lowest rank) per rank."""
+        if self._node_colors is None:
+            import numpy as np
+
+            node = self.mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            leader = np.array([self.rank], dtype=np.int64)
+            node.Allreduce(MPI.IN_PLACE, leader, op=MPI.MIN)
+            node.Free()
+            colors = np.empty(self.size, dtype=np.int64)
+            self.mpi_comm.Allgather(leader, colors)
+            self._node_colors = tuple(int(c) for c in colors)
+        return self._node_colors
+
+
+class _Req:
+    __slots__ = ("req", "peer", "nbytes", "is_recv")
+
+    def __init__(self, req, peer, nbytes, is_recv):
+        self.req, self.peer, self.nbytes, self.is_recv = req, peer, nbytes, is_recv
+
+
+_wrappers = {}
+
+
+def wrap(comm):
+    """The cached MPIComm for an mpi4py communicator (None: COMM_WORLD)."""
+    base = MPI.COMM_WORLD if comm is None else comm
+    key = base.py2f()
+    wrapper = _wrappers.get(key)
+    if wrapper is None:
+        wrapper = _wrappers[key] = MPIComm(base)
+    return wrapper

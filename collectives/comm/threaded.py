@@ -1,0 +1,199 @@
+"""An in-process world: one thread per rank, messages through shared queues.
+
+``run_threaded(n, fn, *args)`` runs ``fn(comm, *args)`` on n threads and returns
+the results by rank. If any rank raises, every other rank is released from its
+waits (with ``PeerAborted``) and the first exception is re-raised in the caller.
+Sends copy their data at once (MPI buffer semantics: the caller may reuse the
+buffer when the send returns); receives match per (source, tag) in post order.
+"""
+import threading
+import time
+from collections import deque
+
+from .. import config
+from ..errors import CollectiveTimeout, PeerAborted
+from .base import Communicator, Request, check_received
+
+
+class _Shared:
+    """State common to a world and every communicator split from it."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.failed = None  # (world rank, exception) of the first failure
+
+    def abort(self, rank, exc):
+        with self.cond:
+            if self.failed is None:
+                self.failed = (rank, exc)
+            self.cond.notify_all()
+
+
+class _World:
+    def __init__(self, size, shared, world_ranks):
+        self.size = size
+        self.shared = shared
+        self.world_ranks = world_ranks  # rank in this world -> rank in the root world
+        self.queues = {}
+        self.splits = {}
+
+
+class _SendRequest(Request):
+    __slots__ = ()
+
+    def __init__(self, peer, nbytes):
+        self.peer, self.nbytes, self.is_recv = peer, nbytes, False
+
+    def test(self):
+        return True
+
+
+class _RecvRequest(Request):
+    __slots__ = ("buf", "key", "done")
+
+    def __init__(self, buf, peer, key):
+        self.buf, self.peer, self.nbytes, self.key, self.is_recv = buf, peer, buf.nbytes, key, True
+        self.done = False
+
+    def test(self):
+        return self.done
+
+
+class ThreadComm(Communicator):
+    """One rank of an in-process threaded world."""
+
+    def __init__(self, world, rank):
+        self._world = world
+        self.rank = rank
+        self.size = world.size
+        self._split_seq = 0
+
+    def __repr__(self):
+        return f"ThreadComm(rank={self.rank}, size={self.size})"
+
+    def isend(self, buf, dest, tag=0):
+        self._check_peer(dest)
+        data = buf.copy()
+        world = self._world
+        with world.shared.cond:
+            world.queues.setdefault((self.rank, dest, tag), deque()).append(data)
+            world.shared.cond.notify_all()
+        return _SendRequest(dest, buf.nbytes)
+
+    def irecv(self, buf, source, tag=0):
+        self._check_peer(source)
+        return _RecvRequest(buf, source, (source, self.rank, tag))
+
+    def _check_peer(self, peer):
+        if not 0 <= peer < self.size:
+            raise ValueError(f"peer rank {peer} out of range for a world of {self.size}")
+
+    def waitall(self, requests, what="wait"):
+        limit = config.timeout()
+        deadline = time.monotonic() + limit if limit else None
+        world = self._world
+        shared = world.shared
+        pending = [r for r in requests if r.is_recv and not r.done]
+        with shared.cond:
+            while pending:
+                if shared.failed is not None:
+                    raise PeerAborted(f"{what}: rank {world.world_ranks[self.rank]} released because "
+                                      f"rank {shared.failed[0]} failed: {shared.failed[1]!r}")
+                progressed = False
+                for req in pending:
+                    queue = world.queues.get(req.key)
+                    if queue:
+                        data = queue.popleft()
+                        check_received(req.peer, req.nbytes, data.nbytes, what)
+                        req.buf[...] = data.view(req.buf.dtype) if data.dtype != req.buf.dtype else data
+                        req.done = True
+                        progressed = True
+                if progressed:
+                    pending = [r for r in pending if not r.done]
+                    continue
+                if deadline is None:
+                    shared.cond.wait()
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    silent = sorted({r.peer for r in pending})
+                    raise CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
+                                            f"{', '.join(map(str, silent))} after {limit:g} s")
+                shared.cond.wait(remaining)
+
+    def barrier(self):
+        # dissemination barrier: ceil(log2 n) rounds of empty messages
+        import numpy as np
+
+        tag = self.next_tag() * 8
+        token, sink = np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+        distance = 1
+        while distance < self.size:
+            self.sendrecv(token, (self.rank + distance) % self.size, sink,
+                          (self.rank - distance) % self.size, tag)
+            distance *= 2
+
+    def split(self, color, key=0):
+        world = self._world
+        shared = world.shared
+        seq = self._split_seq
+        self._split_seq += 1
+        limit = config.timeout()
+        deadline = time.monotonic() + limit if limit else None
+        with shared.cond:
+            entry = world.splits.setdefault(seq, {"votes": {}, "worlds": None, "left": self.size})
+            entry["votes"][self.rank] = (color, key)
+            shared.cond.notify_all()
+            while len(entry["votes"]) < self.size:
+                if shared.failed is not None:
+                    raise PeerAborted(f"split: released because rank {shared.failed[0]} failed")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    missing = sorted(set(range(self.size)) - set(entry["votes"]))
+                    raise CollectiveTimeout(f"split: no call from ranks {missing} after {limit:g} s")
+                shared.cond.wait(remaining)
+            if entry["worlds"] is None:
+                groups = {}
+                for rank, (c, k) in entry["votes"].items():
+                    if c is not None:
+                        groups.setdefault(c, []).append((k, rank))
+                worlds = {}
+                for c, members in groups.items():
+                    members.sort()
+                    ranks = [rank for _, rank in members]
+                    sub = _World(len(ranks), shared, [world.world_ranks[r] for r in ranks])
+                    worlds[c] = (sub, ranks)
+                entry["worlds"] = worlds
+            entry["left"] -= 1
+            worlds = entry["worlds"]
+            if entry["left"] == 0:
+                del world.splits[seq]
+        if color is None:
+            return None
+        sub, ranks = worlds[color]
+        return ThreadComm(sub, ranks.index(self.rank))
+
+
+def run_threaded(n, fn, *args):
+    """Run ``fn(comm, *args)`` on ``n`` threads, one communicator each; return results by rank."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"run_threaded needs a world size >= 1, got {n!r}")
+    shared = _Shared()
+    world = _World(n, shared, list(range(n)))
+    results = [None] * n
+
+    def body(rank):
+        try:
+            results[rank] = fn(ThreadComm(world, rank), *args)
+        except BaseException as exc:  # noqa: BLE001 - every failure must release the others
+            shared.abort(rank, exc)
+
+    threads = [threading.Thread(target=body, args=(rank,), name=f"collectives-rank-{rank}", daemon=True)
+               for rank in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if shared.failed is not None:
+        raise shared.failed[1]
+    return results

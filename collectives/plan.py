@@ -1,0 +1,180 @@
+"""Plans: one description of an all-reduce that every backend of this library runs.
+
+A plan is what one rank does, as a list of steps. Each step posts its messages
+together (nonblocking), waits for all of them, then runs its local operations
+in order. The real executor (``execute``) runs a plan over any communicator; the
+simulator (``collectives.simulate``) runs the plans of all ranks to predict time
+and to check, with symbolic data, that every element is reduced exactly once.
+
+Buffers are named by small integers:
+
+- ``IN``  the caller's send buffer (read only, unless it is also the receive buffer),
+- ``OUT`` the caller's receive buffer,
+- ``TMP`` scratch of ``plan.tmp_count`` elements, owned by the library and reused.
+
+A message is ``(peer, buf, lo, hi, chan)``: elements ``lo:hi`` of a buffer, on a
+channel. Messages between one pair of ranks on one channel match in the order
+they are posted (MPI's non-overtaking rule), so plans that interleave two
+streams between the same pair (two trees, say) give each its own channel.
+
+Local operations:
+
+- ``(REDUCE, dst, dlo, a, alo, b, blo, n)``: ``dst[dlo:dlo+n] = a[alo:alo+n] (op) b[blo:blo+n]``;
+  ``a`` is the left operand, so a plan fixes the order of every reduction and all
+  ranks can end bitwise identical,
+- ``(COPY, dst, dlo, src, slo, n)``,
+- ``(FINAL, buf, lo, n)``: the region now holds the complete reduction; ``avg``
+  divides it by the world size here, other ops do nothing.
+
+Rules a plan keeps (the symbolic check in ``collectives.simulate`` enforces them):
+``IN`` is never written; an element of ``IN`` is never read after the same element
+of ``OUT`` was written (so a plan also runs in place, with ``IN is OUT``); every
+element of ``OUT`` ends complete with exactly one FINAL applied.
+"""
+from collections import namedtuple
+
+IN, OUT, TMP = 0, 1, 2
+BUFFER_NAMES = ("in", "out", "tmp")
+REDUCE, COPY, FINAL = 0, 1, 2
+NCHANNELS = 8
+
+Step = namedtuple("Step", "sends recvs local")
+Step.__doc__ = "Messages posted together, then local operations: see the module docstring."
+
+
+class Plan:
+    """What one rank does in one collective: ``steps`` plus the scratch size it needs."""
+
+    __slots__ = ("algorithm", "rank", "size", "count", "steps", "tmp_count", "in_count", "out_count")
+
+    def __init__(self, algorithm, rank, size, count, steps, tmp_count, in_count=None, out_count=None):
+        self.algorithm = algorithm
+        self.rank = rank
+        self.size = size
+        self.count = count
+        self.steps = steps
+        self.tmp_count = tmp_count
+        self.in_count = count if in_count is None else in_count
+        self.out_count = count if out_count is None else out_count
+
+    def __repr__(self):
+        return (f"Plan({self.algorithm!r}, rank={self.rank}, size={self.size}, count={self.count}, "
+                f"steps={len(self.steps)}, tmp={self.tmp_count})")
+
+    def bytes_sent(self, itemsize=1):
+        return sum(hi - lo for step in self.steps for (_, _, lo, hi, _) in step.sends) * itemsize
+
+    def bytes_received(self, itemsize=1):
+        return sum(hi - lo for step in self.steps for (_, _, lo, hi, _) in step.recvs) * itemsize
+
+
+def block_bounds(count, parts):
+    """Element bounds of ``numpy.array_split(range(count), parts)``: parts+1 offsets."""
+    q, r = divmod(count, parts)
+    return [i * q + min(i, r) for i in range(parts + 1)]
+
+
+class PlanBuilder:
+    """Collects the steps of one rank's plan. Algorithms compose phases with it.
+
+    ``step()`` opens a new step; ``send``/``recv``/``reduce``/``copy``/``final``
+    add to the open step. ``scratch(n)`` reserves ``n`` elements of TMP and
+    returns their offset; ``release(offset)`` hands back everything reserved from
+    it on, so successive phases reuse the same scratch.
+    """
+
+    def __init__(self, algorithm, rank, size, count, _parent=None):
+        self.algorithm = algorithm
+        self.rank = rank
+        self.size = size
+        self.count = count
+        self._steps = []
+        self._sends = self._recvs = self._local = None
+        self._tmp_top = 0
+        self._tmp_peak = 0
+        self._parent = _parent
+
+    # tracks: phases that run side by side, step for step (two trees, several rings)
+    def tracks(self, n):
+        """``n`` sub-builders sharing this one's scratch; ``join`` merges them step by step."""
+        self._close()
+        self._track_mark = self._tmp_top
+        return [PlanBuilder(self.algorithm, self.rank, self.size, self.count, _parent=self)
+                for _ in range(n)]
+
+    def join(self, tracks):
+        """Append the tracks' steps zipped: step k of the result holds step k of every track."""
+        self._close()
+        lists = [t.build().steps for t in tracks]
+        self._tmp_top = getattr(self, "_track_mark", self._tmp_top)  # the tracks' scratch is free again
+        for k in range(max((len(s) for s in lists), default=0)):
+            parts = [s[k] for s in lists if k < len(s)]
+            self._steps.append(Step(tuple(m for p in parts for m in p.sends),
+                                    tuple(m for p in parts for m in p.recvs),
+                                    tuple(o for p in parts for o in p.local)))
+
+    # steps
+    def step(self):
+        self._close()
+        self._sends, self._recvs, self._local = [], [], []
+        return self
+
+    def _close(self):
+        # Empty steps are kept while building, so that tracks stay aligned step for step;
+        # the plan drops them (they wait for nothing).
+        if self._sends is not None:
+            self._steps.append(Step(tuple(self._sends), tuple(self._recvs), tuple(self._local)))
+        self._sends = self._recvs = self._local = None
+
+    def _open(self):
+        if self._sends is None:
+            self.step()
+
+    def send(self, peer, buf, lo, hi, chan=0):
+        if hi > lo:
+            self._open()
+            self._sends.append((peer, buf, lo, hi, chan))
+
+    def recv(self, peer, buf, lo, hi, chan=0):
+        if hi > lo:
+            self._open()
+            self._recvs.append((peer, buf, lo, hi, chan))
+
+    def reduce(self, dst, dlo, a, alo, b, blo, n):
+        if n > 0:
+            self._open()
+            self._local.append((REDUCE, dst, dlo, a, alo, b, blo, n))
+
+    def copy(self, dst, dlo, src, slo, n):
+        # An OUT <- IN copy at one offset stays in the plan: it is a no-op only when the
+        # call runs in place, and the executor skips it then.
+        if n > 0 and not (dst == src and dlo == slo):
+            self._open()
+            self._local.append((COPY, dst, dlo, src, slo, n))
+
+    def final(self, buf, lo, n):
+        if n > 0:
+            self._open()
+            self._local.append((FINAL, buf, lo, n))
+
+    # scratch
+    def scratch(self, n):
+        if self._parent is not None:
+            return self._parent.scratch(n)
+        offset = self._tmp_top
+        self._tmp_top += n
+        self._tmp_peak = max(self._tmp_peak, self._tmp_top)
+        return offset
+
+    def release(self, offset):
+        if self._parent is not None:  # a track's scratch is held until its parent joins it
+            return
+        self._tmp_top = offset
+
+    def build(self, in_count=None, out_count=None):
+        self._close()
+        steps = self._steps
+        if self._parent is None:
+            steps = [s for s in steps if s.sends or s.recvs or s.local]
+        return Plan(self.algorithm, self.rank, self.size, self.count, steps, self._tmp_peak,
+                    in_count, out_count)

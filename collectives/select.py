@@ -1,0 +1,57 @@
+"""algorithm="auto": pick an algorithm per (world size, message size, dtype).
+
+A tuning table written by ``python -m collectives.tune`` wins where it covers
+the call; otherwise the alpha-beta-gamma cost of each algorithm decides, with
+defaults measured for shared memory on one node.
+"""
+import logging
+
+from . import algorithms as _algorithms
+from . import config
+
+# Shared-memory defaults (seconds, seconds per byte), from ping-pong and np.add on a 2-core VM.
+ALPHA = 15e-6
+BETA = 1 / 2.0e9
+GAMMA = 1 / 6.0e9
+
+_log = logging.getLogger("collectives")
+_choices = {}
+_logged = set()
+
+
+def cost_choice(size, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, candidates=None):
+    """(name, {name: predicted seconds}) of the cheapest algorithm by the cost model."""
+    costs = {}
+    for name in candidates or _algorithms.names():
+        module = _algorithms.get(name)
+        costs[name] = module.cost(size, nbytes, alpha, beta, gamma)
+    return min(costs, key=costs.get), costs
+
+
+def choose(comm, nbytes, dtype):
+    key = (comm.size, nbytes, dtype)
+    hit = _choices.get(key)
+    if hit is None:
+        from . import tuning
+
+        table_choice = tuning.lookup(comm.size, nbytes, dtype)
+        if table_choice is not None:
+            hit = (table_choice, "tuning table")
+        else:
+            name, costs = cost_choice(comm.size, nbytes)
+            hit = (name, f"cost model ({costs[name] * 1e6:.1f} us predicted)")
+        if len(_choices) > 4096:
+            _choices.clear()
+        _choices[key] = hit
+    name, why = hit
+    if config.debug_level() in ("INFO", "DEBUG") and key not in _logged:
+        _logged.add(key)
+        _log.info("allreduce n=%d bytes=%d dtype=%s -> %s (%s)", comm.size, nbytes, dtype, name, why)
+        if not _log.handlers and not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="collectives: %(message)s")
+    return name
+
+
+def reset():
+    _choices.clear()
+    _logged.clear()
