@@ -6,7 +6,9 @@ defaults measured for shared memory on one node.
 """
 import logging
 
-from . import algorithms as _algorithms
+import importlib
+
+_algorithms = importlib.import_module("collectives.algorithms")
 from . import config
 
 # Shared-memory defaults (seconds, seconds per byte), from ping-pong and np.add on a 2-core VM.

@@ -51,11 +51,11 @@ def lookup(size, nbytes, dtype):
     rows = table.get((size, str(dtype))) or table.get((size, "*"))
     if not rows:
         return None
-    from . import algorithms
+    from .algorithms import names
 
     best = min(rows, key=lambda row: abs(_log2(row[0]) - _log2(nbytes)))
     name = best[1]
-    if name not in algorithms.names():
+    if name not in names():
         return None
     return name
 

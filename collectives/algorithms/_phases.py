@@ -219,6 +219,12 @@ def tree_reduce(b, parent, children, segs, depth, max_depth, src=IN, final=True,
     nseg = len(segs)
     if not nseg:
         return
+    if parent is None and not children:  # a tree of one
+        for lo, hi in segs:
+            b.copy(OUT, lo, src, lo, hi - lo)
+            if final:
+                b.final(OUT, lo, hi - lo)
+        return
     width = max(hi - lo for lo, hi in segs)
     tmp = [b.scratch(width) for _ in children]
     for t in range(nseg + max_depth + 1):
@@ -233,8 +239,6 @@ def tree_reduce(b, parent, children, segs, depth, max_depth, src=IN, final=True,
                 for slot in tmp:
                     b.reduce(OUT, lo, have, lo, TMP, slot, hi - lo)
                     have = OUT
-            elif parent is None:  # a tree of one
-                b.copy(OUT, lo, src, lo, hi - lo)
             if parent is None and final:
                 b.final(OUT, lo, hi - lo)
         k = t - (max_depth - depth)  # the segment going up

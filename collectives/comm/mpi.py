@@ -138,14 +138,18 @@ class _Req:
         self.req, self.peer, self.nbytes, self.is_recv = req, peer, nbytes, is_recv
 
 
-_wrappers = {}
+_keyval = None
 
 
 def wrap(comm):
-    """The cached MPIComm for an mpi4py communicator (None: COMM_WORLD)."""
+    """The MPIComm for an mpi4py communicator (None: COMM_WORLD), cached as an MPI attribute of
+    that communicator, so that it lives exactly as long as the communicator does."""
+    global _keyval
     base = MPI.COMM_WORLD if comm is None else comm
-    key = base.py2f()
-    wrapper = _wrappers.get(key)
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval()
+    wrapper = base.Get_attr(_keyval)
     if wrapper is None:
-        wrapper = _wrappers[key] = MPIComm(base)
+        wrapper = MPIComm(base)
+        base.Set_attr(_keyval, wrapper)
     return wrapper

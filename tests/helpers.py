@@ -1,0 +1,54 @@
+"""Data and references shared by the threaded and MPI tests."""
+import functools
+
+import numpy as np
+
+import collectives
+from collectives.ops import DTYPES, is_floating
+
+UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
+
+
+def ops_for(dtype):
+    return [op for op in collectives.OPS if op != "avg" or is_floating(dtype)]
+
+
+def integer_valued(rank, count, dtype, op, seed=0):
+    """Data whose reduction is exact in every dtype: products of 1s and 2s, small sums."""
+    rng = np.random.default_rng(seed * 1009 + rank)
+    if op == "prod":
+        values = rng.integers(1, 3, count)
+    elif dtype.kind == "u":
+        values = rng.integers(0, 4, count)
+    else:
+        values = rng.integers(-3, 4, count)
+    return values.astype(dtype)
+
+
+def random_floats(rank, count, dtype, seed=0):
+    rng = np.random.default_rng(seed * 7919 + rank)
+    return rng.standard_normal(count).astype(dtype)
+
+
+def reference(arrays, op):
+    """The reduction of ``arrays`` computed sequentially by NumPy, in their dtype."""
+    result = functools.reduce(lambda a, b: UFUNCS[op](a, b), arrays)
+    if op == "avg":
+        result = result / arrays[0].dtype.type(len(arrays))
+    return np.asarray(result, dtype=arrays[0].dtype)
+
+
+def tolerance(dtype, n):
+    eps = float(np.finfo(np.float32).eps) if dtype.itemsize >= 4 else 1e-2
+    if dtype == np.float64:
+        eps = 1e-13
+    if str(dtype) == "bfloat16":
+        eps = 5e-2
+    return eps * max(4, n) * 4
+
+
+def bitwise_equal(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+ALL_DTYPES = list(DTYPES)

@@ -1,0 +1,151 @@
+"""Multi-process tests: run by tests/run_all.py as `mpiexec -n N python -m mpi4py -m pytest tests/mpi`
+for N = 1..4. Each rank runs the same tests; results are compared with the MPI library's own
+comm.Allreduce on the same data, and the verdict is agreed across ranks before asserting."""
+import os
+
+import numpy as np
+import pytest
+
+mpi4py = pytest.importorskip("mpi4py")
+from mpi4py import MPI  # noqa: E402
+
+import collectives  # noqa: E402
+from collectives import blocks  # noqa: E402
+from tests.helpers import integer_valued, random_floats, tolerance  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
+MPI_DTYPES = [np.dtype(t) for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                                    "uint64", "float32", "float64")]
+OPTIONS = {"tree": {"segment_bytes": 64}, "double_binary_tree": {"segment_bytes": 64},
+           "hierarchical_copy": {"group_size": 2}, "reduce_to_one": {"root": WORLD.size - 1}}
+
+
+def agree(ok, message):
+    """All ranks fail together, or none."""
+    everyone = WORLD.allreduce(bool(ok), op=MPI.LAND)
+    assert everyone, f"rank {WORLD.rank}: {message}" if not ok else "another rank failed"
+
+
+def native(x, op):
+    ref = np.empty_like(x)
+    WORLD.Allreduce(x, ref, op=MPI_OPS[op])
+    if op == "avg":
+        ref = (ref / x.dtype.type(WORLD.size)).astype(x.dtype)
+    return ref
+
+
+def identical_everywhere(y):
+    digests = WORLD.allgather(y.tobytes())
+    return all(d == digests[0] for d in digests)
+
+
+@pytest.mark.parametrize("algorithm", collectives.algorithms())
+def test_matches_native_exactly_on_integer_data(algorithm):
+    ok, why = True, ""
+    for options in ({}, OPTIONS.get(algorithm, {})):
+        for dtype in MPI_DTYPES:
+            for op in [o for o in collectives.OPS if o != "avg" or dtype.kind == "f"]:
+                for count in (0, 1, WORLD.size + 1, 1000):
+                    x = integer_valued(WORLD.rank, count, dtype, op, seed=count)
+                    keep = x.copy()
+                    y = collectives.allreduce(x, op=op, algorithm=algorithm, **options)
+                    if not (np.array_equal(y, native(x, op)) and np.array_equal(x, keep)
+                            and identical_everywhere(y)):
+                        ok, why = False, f"{dtype} {op} count={count} {options}"
+    agree(ok, why)
+
+
+@pytest.mark.parametrize("algorithm", collectives.algorithms())
+def test_random_floats_close_to_native_and_bitwise_identical(algorithm):
+    ok, why = True, ""
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        for op in ("sum", "avg", "min"):
+            x = random_floats(WORLD.rank, 3001, dtype)
+            y = collectives.allreduce(x, op=op, algorithm=algorithm, **OPTIONS.get(algorithm, {}))
+            if not np.allclose(y, native(x, op), rtol=tolerance(dtype, WORLD.size), atol=tolerance(dtype, 4)):
+                ok, why = False, f"{dtype} {op} not close"
+            if not identical_everywhere(y):
+                ok, why = False, f"{dtype} {op} differs across ranks"
+    agree(ok, why)
+
+
+@pytest.mark.parametrize("algorithm", collectives.algorithms())
+def test_in_place_and_given_recvbuf(algorithm):
+    x = random_floats(WORLD.rank, 777, np.dtype(np.float64)).reshape(7, 111)
+    expected = native(x, "sum")
+    inplace = x.copy()
+    collectives.allreduce(inplace, inplace, algorithm=algorithm)
+    target = np.empty_like(x)
+    collectives.allreduce(x, target, algorithm=algorithm, comm=WORLD)
+    agree(np.allclose(inplace, expected) and np.array_equal(inplace, target) and identical_everywhere(target),
+          "in place or recvbuf result wrong")
+
+
+def test_wrapped_communicators_and_splits():
+    sub = WORLD.Split(WORLD.rank % 2, WORLD.rank)
+    ours = collectives.as_comm(sub)
+    x = np.full(10, WORLD.rank + 1, np.int64)
+    for _ in range(3):  # successive calls on two communicators, interleaved
+        y_sub = collectives.allreduce(x, comm=ours, algorithm="ring")
+        y_all = collectives.allreduce(x, comm=None, algorithm="recursive_doubling")
+    members = [r for r in range(WORLD.size) if r % 2 == WORLD.rank % 2]
+    agree((y_sub == sum(m + 1 for m in members)).all() and (y_all == sum(range(1, WORLD.size + 1))).all(),
+          "split or world result wrong")
+    sub.Free()
+
+
+def test_building_blocks_match_mpi():
+    n, r = WORLD.size, WORLD.rank
+    ok = True
+    x = integer_valued(r, 23, np.dtype(np.int32), "sum")
+    full = native(x, "sum")
+    for algorithm in blocks.REDUCE_SCATTER:
+        block = collectives.reduce_scatter(x, algorithm=algorithm)
+        ok &= np.array_equal(block, np.array_split(full, n)[r])
+    for algorithm in blocks.ALLGATHER:
+        mine = np.arange(r + 1, dtype=np.float64) + 10 * r
+        gathered = collectives.allgather(mine, algorithm=algorithm)
+        ok &= np.array_equal(gathered, np.concatenate(WORLD.allgather(mine)))
+    for algorithm in blocks.BROADCAST:
+        buf = np.full(9, r, np.int16)
+        collectives.broadcast(buf, root=n - 1, algorithm=algorithm)
+        ok &= bool((buf == n - 1).all())
+    for algorithm in blocks.REDUCE:
+        got = collectives.reduce(x, root=0, algorithm=algorithm)
+        ok &= np.array_equal(got, full) if r == 0 else got is None
+    agree(ok, "a building block differs from MPI")
+
+
+def test_node_groups_from_shared_memory_split():
+    comm = collectives.as_comm(WORLD)
+    colors = comm.node_colors()
+    # one machine: every rank on the same node, named by its lowest rank
+    agree(colors == (0,) * WORLD.size, f"node colors {colors}")
+    y = collectives.allreduce(np.ones(5), algorithm="hierarchical_copy")
+    agree((y == WORLD.size).all(), "hierarchical_copy by node")
+
+
+def test_check_catches_mismatched_count(monkeypatch):
+    if WORLD.size < 2:
+        pytest.skip("a mismatch needs two ranks")
+    monkeypatch.setenv("COLLECTIVES_CHECK", "1")
+    count = 10 if WORLD.rank == 0 else 11
+    with pytest.raises(collectives.MismatchError, match="count") as info:
+        collectives.allreduce(np.ones(count), algorithm="ring")
+    assert "rank 0: 10" in str(info.value)
+
+
+def test_timeout_names_the_silent_rank(monkeypatch):
+    if WORLD.size < 2:
+        pytest.skip("needs two ranks")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "1")
+    comm = collectives.as_comm(WORLD.Dup())
+    if WORLD.rank == 1:
+        WORLD.Barrier()  # rank 1 never calls; waits for the others to time out
+    else:
+        with pytest.raises(collectives.CollectiveTimeout, match="no message from rank"):
+            collectives.allreduce(np.ones(4), algorithm="ring", comm=comm)
+        WORLD.Barrier()
+    assert os.environ["COLLECTIVES_TIMEOUT"] == "1"

@@ -1,0 +1,83 @@
+"""Run every test layer and print one summary: the README's test command ends here.
+
+1. single-process tests (threaded worlds, simulator, TensorFlow, GPU skips): plain pytest;
+2. multi-process tests under ``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4.
+
+Each layer runs under an outer timeout, so a hang anywhere ends as a failure, never a stuck CI.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed|deselected)")
+
+
+def mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else shutil.which("mpiexec")
+
+
+def run(label, cmd, timeout, rank_prefix=None):
+    print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
+    start = time.monotonic()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout)
+        output, code = proc.stdout, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        output = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        output += f"\n{label}: TIMED OUT after {timeout} s\n"
+        code = 124
+    sys.stdout.write(output)
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    lines = output.splitlines()
+    if rank_prefix is not None:
+        lines = [line[len(rank_prefix):] for line in lines if line.startswith(rank_prefix)]
+    for line in reversed(lines):
+        if re.search(r"\d+ (passed|failed|error)", line) and " in " in line:
+            for number, kind in SUMMARY.findall(line):
+                kind = {"error": "failed", "errors": "failed"}.get(kind, kind)
+                if kind in counts:
+                    counts[kind] += int(number)
+            break
+    if code != 0 and counts["failed"] == 0:
+        counts["failed"] = 1  # a crash, an abort or a timeout counts as a failure
+    print(f"=== {label}: exit {code}, {counts['passed']} passed, {counts['failed']} failed, "
+          f"{counts['skipped']} skipped, {time.monotonic() - start:.0f} s", flush=True)
+    return counts
+
+
+def main(argv):
+    python = sys.executable
+    totals = {"passed": 0, "failed": 0, "skipped": 0}
+    layers = [("single-process", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests",
+                                  "--ignore=tests/mpi", "--ignore=tests/tf_mpi"] + argv, 2400, None)]
+    launcher = mpiexec()
+    if launcher is None:
+        print("no mpiexec found: install the package (pip install -e .) to get MPICH", flush=True)
+        totals["failed"] += 1
+    else:
+        for n in (1, 2, 3, 4):
+            layers.append((f"mpiexec -n {n}", [launcher, "-prepend-rank", "-n", str(n), python, "-m", "mpi4py",
+                                                "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/mpi"],
+                           600, "[0] "))
+        if os.path.isdir(os.path.join(ROOT, "tests", "tf_mpi")):
+            layers.append(("mpiexec -n 2 (TensorFlow)", [launcher, "-prepend-rank", "-n", "2", python, "-m",
+                                                         "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                                         "tests/tf_mpi"], 900, "[0] "))
+    for label, cmd, timeout, prefix in layers:
+        counts = run(label, cmd, timeout, prefix)
+        for key in totals:
+            totals[key] += counts[key]
+    print(f"\nsummary: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
+    return 1 if totals["failed"] or not totals["passed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
