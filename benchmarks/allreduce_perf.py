@@ -1,0 +1,296 @@
+"""nccl-tests-style all-reduce sweep, side by side with the MPI library's own MPI_Allreduce.
+
+Run under mpiexec:
+
+    mpiexec -n 4 python -m benchmarks.allreduce_perf -b 8 -e 8M -f 8 -a all -c 1
+
+Per size and algorithm it prints out-of-place and in-place time, algbw, busbw
+(algbw x 2(n-1)/n), the number of wrong elements against native MPI_Allreduce on
+the same data (with -c 1), and "vs native": native time / our time, measured in
+the same run with the algorithms interleaved round by round. Rows print as they
+are measured; the last lines give average busbw per algorithm, peak memory per
+rank and the library's scratch memory.
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+from collectives.ops import DTYPES
+
+MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
+
+
+def parse_size(text):
+    text = str(text).strip().upper().rstrip("B")
+    scale = 1
+    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if text.endswith(suffix):
+            text, scale = text[:-1], factor
+    return int(float(text) * scale)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.allreduce_perf", description=__doc__.split("\n")[0])
+    p.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=32 << 20)
+    p.add_argument("-f", "--stepfactor", type=float, default=2)
+    p.add_argument("-n", "--iters", type=int, default=20)
+    p.add_argument("-w", "--warmup_iters", type=int, default=5)
+    p.add_argument("-c", "--check", type=int, default=1, help="check results against native (0/1)")
+    p.add_argument("-d", "--datatype", default="float32", help=", ".join(str(d) for d in DTYPES))
+    p.add_argument("-o", "--op", default="sum", help=", ".join(collectives.OPS))
+    p.add_argument("-a", "--algorithms", default="all",
+                   help="comma list of algorithms, 'all', 'auto', 'native' (native is always measured)")
+    p.add_argument("-r", "--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--check-cost", action="store_true", help="add an 'auto+check' row (COLLECTIVES_CHECK=1)")
+    p.add_argument("--json", help="write every measurement to this file")
+    p.add_argument("--plot", help="draw busbw against size to this PNG")
+    args = p.parse_args(argv)
+    if args.op not in collectives.OPS:
+        p.error(f"unknown op {args.op!r}; valid: {', '.join(collectives.OPS)}")
+    names = [str(d) for d in DTYPES]
+    if args.datatype not in names:
+        p.error(f"unknown datatype {args.datatype!r}; valid: {', '.join(names)}")
+    if args.stepfactor <= 1:
+        p.error("-f must be > 1")
+    return args
+
+
+def algorithm_list(spec):
+    known = collectives.algorithms()
+    if spec == "all":
+        return ["auto"] + known
+    chosen = []
+    for name in spec.split(","):
+        name = name.strip()
+        if name == "native":
+            continue
+        if name != "auto" and name not in known:
+            raise SystemExit(f"unknown algorithm {name!r}; valid: all, auto, native, {', '.join(known)}")
+        chosen.append(name)
+    return chosen
+
+
+def sizes(lo, hi, factor, itemsize):
+    out, size = [], max(lo, itemsize)
+    while size <= hi:
+        count = size // itemsize
+        if not out or out[-1] != count:
+            out.append(count)
+        size = int(size * factor) if int(size * factor) > size else size + itemsize
+    return out
+
+
+def input_data(rank, count, dtype, op):
+    """Integer-valued data, so every algorithm and native agree exactly."""
+    base = np.arange(count, dtype=np.int64) + rank
+    values = (base % 2) + 1 if op == "prod" else (base % 4)
+    return values.astype(dtype)
+
+
+def make_runner(name, comm, op, backend_arrays):
+    sendbuf, recvbuf = backend_arrays
+    if name == "native":
+        mpi_op = MPI_OPS[op]
+        if op == "avg":
+            scale = sendbuf.dtype.type(comm.size)
+
+            def oop():
+                comm.Allreduce(sendbuf, recvbuf, op=mpi_op)
+                np.divide(recvbuf, scale, out=recvbuf)
+
+            def ip():
+                comm.Allreduce(MPI.IN_PLACE, recvbuf, op=mpi_op)
+                np.divide(recvbuf, scale, out=recvbuf)
+        else:
+            def oop():
+                comm.Allreduce(sendbuf, recvbuf, op=mpi_op)
+
+            def ip():
+                comm.Allreduce(MPI.IN_PLACE, recvbuf, op=mpi_op)
+        return oop, ip
+    algorithm = "auto" if name == "auto+check" else name
+
+    def oop():
+        collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm)
+
+    def ip():
+        collectives.allreduce(recvbuf, recvbuf, op=op, algorithm=algorithm, comm=comm)
+    return oop, ip
+
+
+def time_batch(comm, fn, iters, reset):
+    comm.Barrier()
+    total = 0.0
+    for _ in range(iters):
+        reset()
+        start = time.perf_counter()
+        fn()
+        total += time.perf_counter() - start
+    return comm.allreduce(total / iters, op=MPI.MAX)
+
+
+def fmt_row(cells, widths):
+    return "".join(str(c).rjust(w) for c, w in zip(cells, widths))
+
+
+WIDTHS = [12, 11, 9, 7, 20, 11, 9, 9, 7, 8, 11, 9, 9, 7, 8]
+HEADER = ["size", "count", "type", "redop", "algorithm",
+          "time(us)", "algbw", "busbw", "#wrong", "vs_nat",
+          "time(us)", "algbw", "busbw", "#wrong", "vs_nat"]
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    comm = MPI.COMM_WORLD
+    rank, n = comm.rank, comm.size
+    dtype = next(d for d in DTYPES if str(d) == args.datatype)
+    names = algorithm_list(args.algorithms)
+    if args.check_cost:
+        names.append("auto+check")
+    rows = ["native"] + names
+    gpu = None
+    if args.device == "gpu":
+        from benchmarks import gpu as gpu_support  # noqa: F401 - supplies device buffers and the nccl row
+        gpu = gpu_support
+    ours = collectives.as_comm(comm)
+    if rank == 0:
+        print(f"# collectives {collectives.__version__} allreduce_perf: {n} ranks, {MPI.Get_library_version().splitlines()[0]}")
+        print(f"# iters {args.iters} warmup {args.warmup_iters} rounds {args.rounds} (median), check {args.check}, "
+              f"device {args.device}; vs_nat = native time / our time (>1: faster than MPI_Allreduce)")
+        print(f"#{'':>11}{'':>11}{'':>9}{'':>7}{'':>20}{'out-of-place':>44}{'in-place':>44}")
+        print(fmt_row(HEADER, WIDTHS))
+        print(fmt_row(["(B)", "(elements)", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "", "(GB/s)", "(GB/s)", "", ""],
+                      WIDTHS), flush=True)
+    records = []
+    busbw_by_algo = {}
+    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    for count in sizes(args.minbytes, args.maxbytes, args.stepfactor, dtype.itemsize):
+        nbytes = count * dtype.itemsize
+        data = input_data(rank, count, dtype, args.op)
+        expected = np.empty_like(data)
+        comm.Allreduce(data, expected, op=MPI_OPS[args.op])
+        if args.op == "avg":
+            expected = (expected / dtype.type(n)).astype(dtype)
+        sendbuf = data.copy()
+        recvbuf = np.empty_like(data)
+        if gpu is not None:
+            sendbuf, recvbuf = gpu.make_buffers(data), gpu.make_buffers(np.empty_like(data))
+        runners = {name: make_runner(name, comm, args.op, (sendbuf, recvbuf)) for name in rows}
+        if gpu is not None:
+            nccl = gpu.nccl_allreduce_timer(comm, sendbuf, recvbuf, args.op)
+            if nccl is not None:
+                runners["nccl"] = nccl
+        wrong = {}
+        for name, (oop, ip) in runners.items():  # warm-up, and the correctness check
+            env_check = os.environ.pop("COLLECTIVES_CHECK", None)
+            if name == "auto+check":
+                os.environ["COLLECTIVES_CHECK"] = "1"
+            for _ in range(max(1, args.warmup_iters)):
+                oop()
+            result_oop = _host(recvbuf).copy()
+            recvbuf[...] = sendbuf
+            ip()
+            result_ip = _host(recvbuf).copy()
+            if env_check is not None:
+                os.environ["COLLECTIVES_CHECK"] = env_check
+            elif name == "auto+check":
+                del os.environ["COLLECTIVES_CHECK"]
+            if args.check:
+                bad_oop = int(np.count_nonzero(result_oop != expected))
+                bad_ip = int(np.count_nonzero(result_ip != expected))
+                wrong[name] = (comm.allreduce(bad_oop), comm.allreduce(bad_ip))
+            else:
+                wrong[name] = ("N/A", "N/A")
+        times = {name: ([], []) for name in runners}
+        per_round = max(1, args.iters // max(1, args.rounds))
+        reset = lambda: None  # noqa: E731 - in place reduces the previous result again: fine for timing
+        for _ in range(max(1, args.rounds)):
+            for name, (oop, ip) in runners.items():  # interleaved: every round visits every algorithm
+                if name == "auto+check":
+                    os.environ["COLLECTIVES_CHECK"] = "1"
+                times[name][0].append(time_batch(comm, oop, per_round, reset))
+                times[name][1].append(time_batch(comm, ip, per_round, reset))
+                if name == "auto+check":
+                    os.environ.pop("COLLECTIVES_CHECK", None)
+        native_t = [float(np.median(times["native"][k])) for k in (0, 1)]
+        for name in runners:
+            t = [float(np.median(times[name][k])) for k in (0, 1)]
+            algbw = [nbytes / x / 1e9 if x > 0 else 0.0 for x in t]
+            busbw = [a * factor for a in algbw]
+            ratio = [native_t[k] / t[k] if t[k] > 0 else 0.0 for k in (0, 1)]
+            chosen = ""
+            if name == "auto":
+                from collectives.select import choose
+                chosen = f"auto({choose(ours, nbytes, dtype)})"
+            label = chosen or name
+            records.append({"size": nbytes, "count": count, "type": str(dtype), "redop": args.op, "algorithm": name,
+                            "label": label, "ranks": n,
+                            "oop": {"time_us": t[0] * 1e6, "algbw": algbw[0], "busbw": busbw[0],
+                                    "wrong": wrong[name][0], "vs_native": ratio[0]},
+                            "ip": {"time_us": t[1] * 1e6, "algbw": algbw[1], "busbw": busbw[1],
+                                   "wrong": wrong[name][1], "vs_native": ratio[1]}})
+            busbw_by_algo.setdefault(name, []).append(busbw[0])
+            if rank == 0:
+                print(fmt_row([nbytes, count, str(dtype), args.op, label[:19],
+                               f"{t[0] * 1e6:.1f}", f"{algbw[0]:.3f}", f"{busbw[0]:.3f}", wrong[name][0],
+                               f"{ratio[0]:.2f}",
+                               f"{t[1] * 1e6:.1f}", f"{algbw[1]:.3f}", f"{busbw[1]:.3f}", wrong[name][1],
+                               f"{ratio[1]:.2f}"], WIDTHS), flush=True)
+    total_wrong = sum(int(r["oop"]["wrong"]) + int(r["ip"]["wrong"]) for r in records if args.check)
+    scratch = sum(b.nbytes for b in getattr(ours, "_collectives_scratch", {}).values())
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peaks = comm.gather(peak_kib, root=0)
+    scratches = comm.gather(scratch, root=0)
+    if rank == 0:
+        print("# Avg bus bandwidth (out-of-place, GB/s): " +
+              ", ".join(f"{name} {np.mean(v):.3f}" for name, v in busbw_by_algo.items()))
+        print(f"# Peak memory per rank (max RSS): {max(peaks) / 1024:.1f} MiB; library scratch per rank: "
+              f"{max(scratches) / 2**20:.2f} MiB (largest message {args.maxbytes / 2**20:.2f} MiB)")
+        print(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}", flush=True)
+    if args.json and rank == 0:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": n, "args": vars(args), "records": records,
+                       "peak_rss_mib": [p / 1024 for p in peaks]}, f, indent=1)
+    if args.plot and rank == 0:
+        plot(records, args.plot, n)
+    return 1 if total_wrong else 0
+
+
+def _host(array):
+    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else array
+
+
+def plot(records, path, n):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in dict.fromkeys(r["algorithm"] for r in records):
+        xs = [r["size"] for r in records if r["algorithm"] == name]
+        ys = [max(r["oop"]["busbw"], 1e-6) for r in records if r["algorithm"] == name]
+        style = {"color": "black", "linewidth": 2.5, "linestyle": "--"} if name == "native" else {}
+        ax.plot(xs, ys, marker="o", markersize=3, label="native MPI_Allreduce" if name == "native" else name, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"all-reduce busbw, {n} ranks (out of place)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
