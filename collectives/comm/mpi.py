@@ -11,12 +11,14 @@ import os
 import time
 
 from mpi4py import MPI
+from numpy import ndarray as _ndarray
 
 from .. import config
 from ..errors import CollectiveTimeout, MismatchError
 from .base import Communicator, check_received
 
 _SPIN_BEFORE_YIELD = 0.002  # seconds of pure polling before yielding the core between polls
+_cuda = None  # .cuda, imported when the first device buffer is seen
 
 
 def _message(buf):
@@ -99,12 +101,84 @@ class MPIComm(Communicator):
                      "sendrecv")
 
     def exchange(self, sends, recvs, tag, what):
+        first = recvs[0][1] if recvs else sends[0][1] if sends else None
+        if first is not None and not isinstance(first, _ndarray) and hasattr(first, "__cuda_array_interface__"):
+            return self._exchange_device(sends, recvs, tag, what)
         comm = self.mpi_comm
         reqs = [_Req(comm.Irecv(_message(buf), peer, tag + chan), peer, buf.nbytes, True)
                 for peer, buf, chan in recvs]
         reqs += [_Req(comm.Isend(_message(buf), peer, tag + chan), peer, buf.nbytes, False)
                  for peer, buf, chan in sends]
         self.waitall(reqs, what)
+
+    # device buffers (one step's buffers all live where the call's arrays live)
+    def _exchange_device(self, sends, recvs, tag, what):
+        global _cuda
+        if _cuda is None:
+            from . import cuda as _cuda_module
+
+            _cuda = _cuda_module
+        if _cuda.cuda_aware():  # device memory straight to MPI (the executor synchronised the stream)
+            comm = self.mpi_comm
+            reqs = [_Req(comm.Irecv(_message(buf), peer, tag + chan), peer, buf.nbytes, True)
+                    for peer, buf, chan in recvs]
+            reqs += [_Req(comm.Isend(_message(buf), peer, tag + chan), peer, buf.nbytes, False)
+                     for peer, buf, chan in sends]
+            self.waitall(reqs, what)
+            return
+        stager = self.__dict__.get("_stager")
+        if stager is None:
+            stager = self._stager = _cuda.Stager()
+        comm = self.mpi_comm
+        stager.exchange(
+            sends, recvs, tag,
+            lambda host, peer, t: _Req(comm.Irecv([host, MPI.BYTE], peer, t), peer, host.nbytes, True),
+            lambda host, peer, t: _Req(comm.Isend([host, MPI.BYTE], peer, t), peer, host.nbytes, False),
+            lambda reqs, on_done: self._wait_each(reqs, on_done, what))
+
+    def _wait_each(self, requests, on_done, what):
+        """Like waitall, but ``on_done(index)`` runs as each request completes (staged receives
+        start their copy to the device while the rest are still in flight)."""
+        mpi_reqs = [r.req for r in requests]
+        remaining = len(requests)
+        limit = config.timeout()
+        start = time.monotonic()
+        statuses = []
+        spins = 0
+        try:
+            while remaining:
+                done = (MPI.Request.Waitsome if not limit else MPI.Request.Testsome)(mpi_reqs, statuses)
+                if done is None:
+                    break
+                if done:
+                    for index, status in zip(done, statuses):
+                        r = requests[index]
+                        if r.is_recv:
+                            check_received(r.peer, r.nbytes, status.Get_count(MPI.BYTE), what)
+                        on_done(index)
+                    remaining -= len(done)
+                    spins = 0
+                    continue
+                spins += 1
+                if spins & 63:
+                    continue
+                now = time.monotonic()
+                if now - start > limit:
+                    silent = sorted({r.peer for r, m in zip(requests, mpi_reqs) if m and r.is_recv}
+                                    or {r.peer for r, m in zip(requests, mpi_reqs) if m})
+                    raise CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
+                                            f"{', '.join(map(str, silent))} after {limit:g} s")
+                if now - start > _SPIN_BEFORE_YIELD:
+                    os.sched_yield()
+        except MPI.Exception as exc:
+            truncated = exc.Get_error_class() == MPI.ERR_TRUNCATE or (
+                exc.Get_error_class() == MPI.ERR_IN_STATUS
+                and any(MPI.Get_error_class(s.Get_error()) == MPI.ERR_TRUNCATE for s in statuses))
+            if truncated:
+                peers = ", ".join(str(r.peer) for r in requests if r.is_recv)
+                raise MismatchError(f"{what}: a message from rank(s) {peers} is longer than expected "
+                                    f"(ranks disagree on count, dtype or algorithm)") from None
+            raise
 
     def barrier(self):
         req = self.mpi_comm.Ibarrier()
