@@ -21,8 +21,9 @@ def _strategy(devices, ops):
 def _per_replica(strategy, shape=(3, 5), dtype=tf.float32, offset=0.0):
     def fn(ctx):
         r = ctx.replica_id_in_sync_group
-        base = tf.reshape(tf.range(int(np.prod(shape)), dtype=tf.float64), shape)
-        return tf.cast(base * (r + 1) + r + offset, dtype)
+        with tf.device(strategy.extended.worker_devices[r]):  # eager values would all land on CPU:0
+            base = tf.reshape(tf.range(int(np.prod(shape)), dtype=tf.float64), shape)
+            return tf.cast(base * (r + 1) + r + offset, dtype)
     return strategy.experimental_distribute_values_from_function(fn)
 
 
@@ -68,10 +69,11 @@ def test_reduce_exact_on_every_device(devices, algorithm, op):
     out = _local(strategy, result)
     assert len(out) == len(devices)
     expected = _expected(len(devices), op=op)
-    for got, device in zip(out, strategy.experimental_local_results(result)):
+    for got in out:
         np.testing.assert_array_equal(got, expected)
-    assert [t.device for t in strategy.experimental_local_results(result)] == [
-        t.device for t in strategy.experimental_local_results(value)]
+    sources = [t.device for t in strategy.experimental_local_results(value)]
+    assert len(set(sources)) == len(devices)
+    assert [t.device for t in strategy.experimental_local_results(result)] == sources
     assert ops.calls == 1
 
 
@@ -154,7 +156,8 @@ def test_indexed_slices_are_densified_with_a_warning(devices):
 
     def fn(ctx):
         r = ctx.replica_id_in_sync_group
-        return tf.IndexedSlices(tf.fill([1, 3], float(r + 1)), tf.constant([r % 2]), tf.constant([2, 3]))
+        with tf.device(strategy.extended.worker_devices[r]):
+            return tf.IndexedSlices(tf.fill([1, 3], float(r + 1)), tf.constant([r % 2]), tf.constant([2, 3]))
 
     value = strategy.experimental_distribute_values_from_function(fn)
     with warnings.catch_warnings(record=True) as caught:
