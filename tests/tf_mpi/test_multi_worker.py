@@ -108,12 +108,19 @@ def test_model_fit_keeps_ranks_identical(comm, strategy):
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8 * size)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    history = model.fit(dataset.with_options(options), epochs=2, verbose=0)
+    history = model.fit(dataset.with_options(options), epochs=2, shuffle=False, verbose=0)
     assert len(history.history["loss"]) == 2
     assert ops.calls - calls >= 2 * 32 // (8 * size)
     assert not np.allclose(model.get_weights()[0], weights[0])
     assert _same_on_every_rank(comm, model.get_weights())
     assert _same_on_every_rank(comm, history.history["loss"])  # metrics are reduced across ranks too
+    # predict gathers every worker's outputs (strategy.gather through collectives.allgather)
+    calls_before_predict = ops.calls
+    shared, _ = _global_data(20)  # the same input on every rank: each worker predicts its shard
+    predicted = model.predict(shared, batch_size=8, verbose=0)
+    assert predicted.shape == (20, 1)
+    np.testing.assert_allclose(predicted, np.asarray(model(shared)), rtol=1e-5, atol=1e-6)
+    assert ops.calls > calls_before_predict
 
 
 def test_one_mirrored_strategy_per_process(comm):
