@@ -33,3 +33,8 @@ def comm():
 @pytest.fixture(scope="session")
 def strategy(comm):
     return STRATEGY
+
+
+@pytest.fixture(scope="session")
+def local_devices():
+    return list(LOCAL_DEVICES)

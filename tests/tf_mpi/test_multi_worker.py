@@ -7,8 +7,6 @@ keras = pytest.importorskip("keras", reason="Keras not installed")
 
 import tf_bridge  # noqa: E402
 
-from .conftest import LOCAL_DEVICES  # noqa: E402
-
 SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
 PER_WORKER_BATCH = 8
 
@@ -123,12 +121,12 @@ def test_model_fit_keeps_ranks_identical(comm, strategy):
     assert ops.calls > calls_before_predict
 
 
-def test_one_mirrored_strategy_per_process(comm):
+def test_one_mirrored_strategy_per_process(comm, local_devices):
     rank, size = comm.Get_rank(), comm.Get_size()
     ops = tf_bridge.CollectivesAllReduce("ring", comm=comm)
     assert ops._num_between_graph_workers == size
-    local = tf.distribute.MirroredStrategy(LOCAL_DEVICES, cross_device_ops=ops)
-    k = len(LOCAL_DEVICES)
+    local = tf.distribute.MirroredStrategy(local_devices, cross_device_ops=ops)
+    k = len(local_devices)
 
     def fn(ctx):
         return tf.fill([4], float(10 * rank + ctx.replica_id_in_sync_group + 1))
@@ -141,7 +139,7 @@ def test_one_mirrored_strategy_per_process(comm):
     for t in local.experimental_local_results(mean):
         np.testing.assert_array_equal(t.numpy(), np.full(4, total / (size * k), np.float32))
     exact = tf_bridge.CollectivesAllReduce("tree", comm=comm, across_processes="sum")
-    local_exact = tf.distribute.MirroredStrategy(LOCAL_DEVICES, cross_device_ops=exact)
+    local_exact = tf.distribute.MirroredStrategy(local_devices, cross_device_ops=exact)
     value = local_exact.experimental_distribute_values_from_function(fn)
     for t in local_exact.experimental_local_results(local_exact.extended.batch_reduce_to(SUM, [(value, value)])[0]):
         np.testing.assert_array_equal(t.numpy(), np.full(4, total, np.float32))
