@@ -117,5 +117,5 @@ def test_backend_seam_for_cupy():
         assert isinstance(scratch, cupy.ndarray) and scratch.device.id == 0
         backend.ufunc("add")(a, a, out=a)
         backend.synchronize()
-    with pytest.raises(ValueError, match="both host"):
+    with pytest.raises(ValueError, match="must both be host"):
         collectives.run_threaded(1, lambda comm: collectives.allreduce(cupy.zeros(3), np.zeros(3), comm=comm))
