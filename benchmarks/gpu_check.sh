@@ -107,10 +107,19 @@ MPI_RC=$?
 say "$MPI_INFO"
 MPIEXEC=$(command -v mpiexec || true)
 
-# run LABEL TIMEOUT LOG CMD... : one stage, its verdict in the summary
+# run LABEL TIMEOUT LOG CMD... : one stage, its verdict in the summary; every stage also fits
+# in what is left of the whole script's budget (GPU_CHECK_BUDGET seconds, default 285)
+BUDGET=${GPU_CHECK_BUDGET:-285}
 run() {
     local label=$1 limit=$2 log=$3
     shift 3
+    local left=$(( BUDGET - ($(date +%s) - START) ))
+    if [ $left -lt 15 ]; then
+        say "$label: NOT RUN - the ${BUDGET}s budget is spent"
+        FAILED=1
+        return
+    fi
+    [ $limit -gt $left ] && limit=$left
     echo "=== $label: $*" >>"$log"
     local t0=$(date +%s)
     timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
@@ -135,29 +144,31 @@ if [ $GPU_RC -ne 0 ]; then
     exit 3
 fi
 
-# 1. single process
-run "single-process gpu tests" 110 "$OUTDIR/pytest-single.log" "${PYTEST[@]}" tests/gpu
-
-# 2. MPI worlds (ranks share the GPUs)
-if [ $MPI_RC -eq 0 ] && [ -n "$MPIEXEC" ]; then
-    for n in 2 4; do
-        run "mpi gpu tests, $n ranks" $((40 + 10 * n)) "$OUTDIR/pytest-mpi.log" \
-            "$MPIEXEC" -n "$n" "$PYTHON" -m mpi4py -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_mpi.py
-    done
-else
-    say "mpi gpu tests: SKIPPED - ${MPIEXEC:-no mpiexec on PATH}; ${MPI_INFO}"
-fi
-
+# stages in order of importance, so that a slow machine loses the least useful ones first
+HAVE_MPI=0
+[ $MPI_RC -eq 0 ] && [ -n "$MPIEXEC" ] && HAVE_MPI=1
+mpi_tests() {
+    run "mpi gpu tests, $1 ranks" "$2" "$OUTDIR/pytest-mpi.log" "$MPIEXEC" -n "$1" "$PYTHON" -m mpi4py \
+        -m pytest -q -rs -p no:cacheprovider --durations=5 tests/gpu/test_gpu_mpi.py
+}
+mpi_sweep() {
+    run "sweep, MPI $1 ranks" 40 "$OUTDIR/sweep.log" \
+        "$MPIEXEC" -n "$1" "$PYTHON" -m benchmarks.gpu --quick --out "$OUTDIR/sweep-mpi$1.json"
+}
+# 1. single process (threaded world, several GPUs, NCCL, helpers; test_gpu_mpi.py on one rank)
+run "single-process gpu tests" 110 "$OUTDIR/pytest-single.log" "${PYTEST[@]}" --durations=10 tests/gpu
+# 2. MPI world of 2 (ranks share the GPUs)
+[ $HAVE_MPI -eq 1 ] && mpi_tests 2 60
 # 3. short sweep
 run "sweep, threaded 4 ranks" 40 "$OUTDIR/sweep.log" \
     "$PYTHON" -m benchmarks.gpu --quick --threads 4 --out "$OUTDIR/sweep-threads.json"
-if [ $MPI_RC -eq 0 ] && [ -n "$MPIEXEC" ]; then
-    for n in 2 4; do
-        run "sweep, MPI $n ranks" 40 "$OUTDIR/sweep.log" \
-            "$MPIEXEC" -n "$n" "$PYTHON" -m benchmarks.gpu --quick --out "$OUTDIR/sweep-mpi$n.json"
-    done
+[ $HAVE_MPI -eq 1 ] && mpi_sweep 2
+# 4. MPI world of 4
+if [ $HAVE_MPI -eq 1 ]; then
+    mpi_tests 4 80
+    mpi_sweep 4
 else
-    say "sweep over MPI: SKIPPED - no MPI (see above)"
+    say "mpi gpu tests and MPI sweep: SKIPPED - ${MPIEXEC:-no mpiexec on PATH}; ${MPI_INFO}"
 fi
 grep -E "^# device copy" "$OUTDIR/sweep.log" | head -1 | tee -a "$SUMMARY"
 say "total $(( $(date +%s) - START ))s; $([ $FAILED -eq 0 ] && echo 'ALL PASSED' || echo 'SOME STAGES FAILED')"

@@ -81,10 +81,16 @@ NUMPY = NumpyBackend()
 _cupy_backends = {}
 
 
-def _cupy_backend(array):
-    import cupy
+_cupy = None
 
-    if not isinstance(array, cupy.ndarray):
+
+def _cupy_backend(array):
+    global _cupy
+    if _cupy is None:
+        import cupy as _cupy_module
+
+        _cupy = _cupy_module
+    if not isinstance(array, _cupy.ndarray):
         raise TypeError(f"device arrays must be CuPy arrays, got {type(array).__name__} "
                         f"(cupy.asarray wraps any __cuda_array_interface__ array without a copy)")
     device_id = array.device.id

@@ -8,6 +8,7 @@ from collectives.ops import DTYPES
 
 OPTIONS = {"tree": {"segment_bytes": 64}, "double_binary_tree": {"segment_bytes": 64},
            "hierarchical_copy": {"group_size": 2}}
+SMALL = 1000  # the options above (tiny segments) only on counts up to this: each segment is a step
 # every dtype the library reduces that CuPy has (bfloat16 has no CuPy dtype)
 DEVICE_DTYPES = [d for d in DTYPES if str(d) != "bfloat16"]
 CUPY_UFUNCS = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum", "avg": "add"}
