@@ -10,13 +10,13 @@ from .algorithms import _phases
 
 def reduce_scatter_ring(rank, size, count, itemsize=1):
     b = PlanBuilder("reduce_scatter(ring)", rank, size, count)
-    _phases.ring_reduce_scatter(b, list(range(size)), block_bounds(count, size))
+    _phases.ring_reduce_scatter(b, range(size), block_bounds(count, size))
     return b.build()
 
 
 def reduce_scatter_recursive_halving(rank, size, count, itemsize=1):
     b = PlanBuilder("reduce_scatter(recursive_halving)", rank, size, count)
-    _phases.halving_doubling(b, list(range(size)), block_bounds(count, size), allgather=False)
+    _phases.halving_doubling(b, range(size), block_bounds(count, size), allgather=False)
     return b.build()
 
 
@@ -27,20 +27,20 @@ def _gather_start(b, bounds, rank):
 def allgather_ring(rank, size, bounds, itemsize=1):
     b = PlanBuilder("allgather(ring)", rank, size, bounds[-1])
     _gather_start(b, bounds, rank)
-    _phases.ring_allgather(b, list(range(size)), list(bounds))
+    _phases.ring_allgather(b, range(size), list(bounds))
     return b.build(in_count=bounds[rank + 1] - bounds[rank])
 
 
 def allgather_recursive_doubling(rank, size, bounds, itemsize=1):
     b = PlanBuilder("allgather(recursive_doubling)", rank, size, bounds[-1])
     _gather_start(b, bounds, rank)
-    _phases.halving_doubling(b, list(range(size)), list(bounds), reduce_scatter=False)
+    _phases.halving_doubling(b, range(size), list(bounds), reduce_scatter=False)
     return b.build(in_count=bounds[rank + 1] - bounds[rank])
 
 
 def broadcast_binomial(rank, size, count, root=0, itemsize=1):
     b = PlanBuilder("broadcast(binomial)", rank, size, count)
-    _phases.binomial_broadcast(b, list(range(size)), root, 0, count)
+    _phases.binomial_broadcast(b, range(size), root, 0, count)
     return b.build()
 
 
@@ -55,13 +55,13 @@ def broadcast_scatter_allgather(rank, size, count, root=0, itemsize=1):
                 b.send(peer, OUT, bounds[peer], bounds[peer + 1])
     else:
         b.recv(root, OUT, bounds[rank], bounds[rank + 1])
-    _phases.ring_allgather(b, list(range(size)), bounds)
+    _phases.ring_allgather(b, range(size), bounds)
     return b.build()
 
 
 def reduce_binomial(rank, size, count, root=0, itemsize=1):
     b = PlanBuilder("reduce(binomial)", rank, size, count)
-    _phases.binomial_reduce(b, list(range(size)), root, 0, count)
+    _phases.binomial_reduce(b, range(size), root, 0, count)
     return b.build()
 
 
@@ -69,7 +69,7 @@ def reduce_ring(rank, size, count, root=0, itemsize=1):
     """Ring reduce-scatter, then every rank sends its finished block to the root."""
     b = PlanBuilder("reduce(ring)", rank, size, count)
     bounds = block_bounds(count, size)
-    _phases.ring_reduce_scatter(b, list(range(size)), bounds)
+    _phases.ring_reduce_scatter(b, range(size), bounds)
     b.step()
     if rank == root:
         for peer in range(size):

@@ -68,10 +68,47 @@ class Plan:
         return sum(hi - lo for step in self.steps for (_, _, lo, hi, _) in step.recvs) * itemsize
 
 
-def block_bounds(count, parts):
-    """Element bounds of ``numpy.array_split(range(count), parts)``: parts+1 offsets."""
-    q, r = divmod(count, parts)
-    return [i * q + min(i, r) for i in range(parts + 1)]
+class block_bounds:
+    """Element bounds of ``numpy.array_split(range(count), parts)``: parts+1 offsets.
+
+    A lazy sequence (O(1) to build and to index), so that plans of a 65,536-rank world
+    do not each carry a 65,537-entry list."""
+
+    __slots__ = ("q", "r", "parts", "max_width")
+
+    def __init__(self, count, parts):
+        self.q, self.r = divmod(count, parts)
+        self.parts = parts
+        self.max_width = self.q + (1 if self.r else 0)
+
+    def __len__(self):
+        return self.parts + 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.parts + 1))]
+        if i < 0:
+            i += self.parts + 1
+        if not 0 <= i <= self.parts:
+            raise IndexError(i)
+        return i * self.q + min(i, self.r)
+
+    def __iter__(self):
+        return (self[i] for i in range(self.parts + 1))
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+    def __repr__(self):
+        return f"block_bounds({list(self)!r})"
+
+
+def max_width(bounds):
+    """The widest chunk of a bounds sequence."""
+    width = getattr(bounds, "max_width", None)
+    if width is None:
+        width = max((bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)), default=0)
+    return width
 
 
 class PlanBuilder:

@@ -218,23 +218,31 @@ def _time(plans, alpha, beta, gamma, itemsize, topology, record):
 
 
 def _critical_path(finish, path_links, plans):
+    """Walk back from the last rank to finish: at each step, the message that ended last.
+
+    Returns ``(rank, step, "send"|"recv", peer, time)`` tuples from the first event on."""
+    import bisect
+
+    by_rank = {}
+    for (rank, step), (_, when) in path_links.items():
+        by_rank.setdefault(rank, []).append((step, when))
+    for rows in by_rank.values():
+        rows.sort()
     rank = int(np.argmax(finish)) if finish else 0
-    path = []
     step = len(plans[rank].steps)
-    guard = 0
-    while step > 0 and guard < 10 ** 6:
-        guard += 1
+    path = []
+    while step > 0 and len(path) < 10 ** 6:
         link = path_links.get((rank, step - 1))
         if link is None or link[0] is None:
             step -= 1
             continue
-        why, when = link
-        kind, _, _, peer = why
+        (kind, _, _, peer), when = link
         path.append((rank, step - 1, kind, peer, when))
-        if kind == "recv":
-            # follow the sender: it posted the message in its own step
-            sender_steps = [k for (r, k) in path_links if r == peer and k < 10 ** 9]
-            rank, step = peer, max((k for k in sender_steps if path_links[(peer, k)][1] <= when), default=-1) + 1
+        if kind == "recv":  # continue on the sender, at its last step that ended by then
+            rows = by_rank.get(peer, [])
+            times = [w for _, w in rows]
+            k = bisect.bisect_right(times, when) - 1
+            rank, step = peer, (rows[k][0] if k >= 0 else -1)
         else:
             step -= 1
     path.reverse()
@@ -343,29 +351,30 @@ def verify(plans, in_place=False, engine=None):
     queues = {}
     current = [0] * p
     sent = [False] * p
-    done = sum(1 for plan in plans if not plan.steps)
     mode = "in place" if in_place else "out of place"
-    while done < p:
-        progressed = False
-        for rank in range(p):
-            plan = plans[rank]
-            if current[rank] >= len(plan.steps):
-                continue
+    work = deque(range(p))  # ranks that may be able to move on
+    queued = [True] * p
+    while work:
+        rank = work.popleft()
+        queued[rank] = False
+        plan = plans[rank]
+        while current[rank] < len(plan.steps):
             step = plan.steps[current[rank]]
-            where = f"{plan.algorithm} ({mode}) rank {rank} step {current[rank] + 1}/{len(plan.steps)}"
+            where = _Where(plan, mode, rank, current[rank])
             if not sent[rank]:
-                written = [(b, lo, hi) for _, b, lo, hi, _ in step.recvs]
                 for _, b, lo, hi, _ in step.sends:
-                    for wb, wlo, whi in written:
+                    for _, wb, wlo, whi, _ in step.recvs:
                         if _same(b, wb, in_place) and lo < whi and wlo < hi:
                             raise AssertionError(f"{where}: sends a region it receives into in the same step")
                 for peer, b, lo, hi, chan in step.sends:
                     queues.setdefault((rank, peer, chan), deque()).append(
                         _region(engine, bufs[rank][b], lo, hi).copy())
+                    if not queued[peer]:
+                        queued[peer] = True
+                        work.append(peer)
                 sent[rank] = True
-            ready = all(queues.get((peer, rank, chan)) for peer, _, _, _, chan in step.recvs)
-            if not ready:
-                continue
+            if not all(queues.get((peer, rank, chan)) for peer, _, _, _, chan in step.recvs):
+                break  # wait: a sender will put this rank back on the work list
             for peer, b, lo, hi, chan in step.recvs:
                 if b == IN:
                     raise AssertionError(f"{where}: receives into IN")
@@ -378,13 +387,15 @@ def verify(plans, in_place=False, engine=None):
                 _apply(engine, op, bufs[rank], where, in_place)
             current[rank] += 1
             sent[rank] = False
-            progressed = True
-            if current[rank] == len(plan.steps):
-                done += 1
-        if not progressed and done < p:
-            stuck = [r for r in range(p) if current[r] < len(plans[r].steps)]
-            raise AssertionError(f"deadlock: ranks {stuck[:8]} wait forever (rank {stuck[0]} at step "
-                                 f"{current[stuck[0]] + 1})")
+    stuck = [r for r in range(p) if current[r] < len(plans[r].steps)]
+    if stuck:
+        raise AssertionError(f"deadlock: ranks {stuck[:8]} wait forever (rank {stuck[0]} at step "
+                             f"{current[stuck[0]] + 1} of {plans[stuck[0]].algorithm})")
+    leftover = [key for key, q in queues.items() if q]
+    if leftover:
+        src, dst, chan = leftover[0]
+        raise AssertionError(f"{plans[0].algorithm} ({mode}): a message from rank {src} to rank {dst} "
+                             f"(channel {chan}) is never received")
     for rank, plan in enumerate(plans):
         out = bufs[rank][OUT]
         ok = np.asarray(engine.complete(out), bool)
@@ -397,6 +408,20 @@ def verify(plans, in_place=False, engine=None):
             bad = int(np.flatnonzero(~ok)[0])
             raise AssertionError(f"{plan.algorithm} ({mode}): rank {rank} element {bad} never had FINAL applied")
     return engine.name
+
+
+class _Where:
+    """Names a step in an error message; formatted only when an error is raised."""
+    __slots__ = ("plan", "mode", "rank", "step")
+
+    def __init__(self, plan, mode, rank, step):
+        self.plan, self.mode, self.rank, self.step = plan, mode, rank, step
+
+    def __str__(self):
+        return (f"{self.plan.algorithm} ({self.mode}) rank {self.rank} step {self.step + 1}/"
+                f"{len(self.plan.steps)}")
+
+    __format__ = lambda self, spec: str(self)  # noqa: E731
 
 
 def _same(a, b, in_place):
@@ -442,6 +467,19 @@ def simulate(algorithm, ranks, nbytes, alpha=15e-6, beta=1 / 2.0e9, gamma=1 / 6.
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
     count = int(nbytes) // itemsize
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()  # millions of small tuples: the cycle collector would rescan them again and again
+    try:
+        return _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, verify_data, record,
+                         options)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, verify_data, record, options):
     plans = build_plans(algorithm, ranks, count, itemsize, topology, **options)
     finish, links, messages = _time(plans, alpha, beta, gamma, itemsize, topology, record)
     result = SimResult(algorithm, ranks, count * itemsize, max(finish) if finish else 0.0, False,

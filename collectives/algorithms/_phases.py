@@ -5,10 +5,11 @@ A phase works on ``ranks``, the participating world ranks in the phase's order
 bounds given in elements. ``src`` names where this rank's contribution lives
 before the phase (IN, or OUT once an earlier phase wrote it); results land in OUT.
 """
-from ..plan import IN, OUT, TMP
+from ..plan import IN, OUT, TMP, max_width
 
 
 def _index(b, ranks):
+    # ``ranks`` is a range for whole-world phases: O(1) to search
     return ranks.index(b.rank)
 
 
@@ -23,8 +24,7 @@ def ring_reduce_scatter(b, ranks, bounds, src=IN, final=True, chan=0):
             b.final(OUT, bounds[0], bounds[1] - bounds[0])
         return
     left, right = ranks[(i - 1) % m], ranks[(i + 1) % m]
-    width = max(bounds[c + 1] - bounds[c] for c in range(m))
-    tmp = b.scratch(width)
+    tmp = b.scratch(max_width(bounds))
     for step in range(m - 1):
         send_chunk = (i - step - 1) % m
         recv_chunk = (i - step - 2) % m
@@ -73,6 +73,16 @@ class _Fold:
     def first(self, vrank):
         """The lowest participant a virtual rank stands for."""
         return 2 * vrank if vrank < self.extra else vrank + self.extra
+
+
+class _VirtualBounds:
+    """Offsets of the virtual ranks' blocks, computed on demand (O(1) per lookup)."""
+
+    def __init__(self, bounds, fold, hi):
+        self.bounds, self.fold, self.hi = bounds, fold, hi
+
+    def __getitem__(self, v):
+        return self.hi if v == self.fold.pof2 else self.bounds[self.fold.first(v)]
 
 
 def recursive_doubling(b, ranks, lo, hi, src=IN, final=True, chan=0):
@@ -140,7 +150,7 @@ def halving_doubling(b, ranks, bounds, src=IN, reduce_scatter=True, allgather=Tr
             b.recv(partner, OUT, bounds[i], bounds[i + 1], chan)
         return
     # virtual rank v owns the elements of every participant it stands for
-    vb = [bounds[fold.first(v)] for v in range(fold.pof2)] + [hi]
+    vb = _VirtualBounds(bounds, fold, hi)
     v = fold.vrank
     have = src
     if reduce_scatter:

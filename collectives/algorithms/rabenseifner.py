@@ -24,7 +24,7 @@ OPTIONS = {}
 def build(rank, size, count, itemsize=1):
     b = PlanBuilder(NAME, rank, size, count)
     # reduce-scatter by recursive halving, then all-gather by recursive doubling
-    _phases.halving_doubling(b, list(range(size)), block_bounds(count, size))
+    _phases.halving_doubling(b, range(size), block_bounds(count, size))
     return b.build()
 
 

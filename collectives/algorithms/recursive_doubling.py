@@ -25,7 +25,7 @@ OPTIONS = {}
 def build(rank, size, count, itemsize=1):
     b = PlanBuilder(NAME, rank, size, count)
     # fold in, exchange at distances 1, 2, 4..., fold out
-    _phases.recursive_doubling(b, list(range(size)), 0, count)
+    _phases.recursive_doubling(b, range(size), 0, count)
     return b.build()
 
 

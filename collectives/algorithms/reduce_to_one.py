@@ -49,7 +49,7 @@ def build(rank, size, count, itemsize=1, root=0):
         b.step()
         b.send(root, IN, 0, count)
     # broadcast
-    _phases.binomial_broadcast(b, list(range(size)), root, 0, count)
+    _phases.binomial_broadcast(b, range(size), root, 0, count)
     return b.build()
 
 

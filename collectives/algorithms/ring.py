@@ -25,7 +25,7 @@ OPTIONS = {}
 
 def build(rank, size, count, itemsize=1):
     b = PlanBuilder(NAME, rank, size, count)
-    ranks = list(range(size))
+    ranks = range(size)
     bounds = block_bounds(count, size)
     # reduce-scatter
     _phases.ring_reduce_scatter(b, ranks, bounds)

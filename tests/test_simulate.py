@@ -1,0 +1,159 @@
+"""The simulator runs the algorithms' own plans: verified symbolically, timed by the model."""
+import math
+
+import pytest
+
+import collectives
+from collectives import simulate as sim
+from collectives.plan import REDUCE, Step
+
+ALGORITHMS = collectives.algorithms()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8, 16, 33])
+def test_every_algorithm_verifies(algorithm, p):
+    for nbytes in (0, 4, 4 * p + 4, 4000):
+        options = {"segment_bytes": 64} if "tree" in algorithm else {}
+        r = collectives.simulate(algorithm, ranks=p, nbytes=nbytes, **options)
+        assert r.verified, r.verify_error
+        assert r.verify_mode == ("exact" if p <= sim.EXACT_LIMIT else "fingerprint")
+        assert len(r.bytes_sent) == p and r.time >= 0
+
+
+def test_large_world_uses_fingerprint_and_verifies():
+    r = collectives.simulate("rabenseifner", ranks=300, nbytes=1 << 16)
+    assert r.verified and r.verify_mode == "fingerprint"
+
+
+def _ring_plans(p=4, count=12):
+    return sim.build_plans("ring", p, count)
+
+
+def test_verifier_catches_a_missing_step():
+    plans = _ring_plans()
+    plans[2].steps = plans[2].steps[:-1]
+    with pytest.raises(AssertionError):
+        sim.verify(plans)
+
+
+def test_verifier_catches_double_counting():
+    plans = _ring_plans()
+    steps = list(plans[1].steps)
+    first = steps[0]
+    _, dst, dlo, a, alo, b, blo, n = next(op for op in first.local if op[0] == REDUCE)
+    again = (REDUCE, dst, dlo, dst, dlo, a, alo, n)  # OUT = OUT op TMP: the received part counted twice
+    steps[0] = Step(first.sends, first.recvs, first.local + (again,))
+    plans[1].steps = steps
+    with pytest.raises(AssertionError, match="twice|final|reduction"):
+        sim.verify(plans)
+
+
+def test_verifier_catches_deadlock_and_wrong_sizes():
+    plans = _ring_plans()
+    plans[0].steps = plans[0].steps[1:]  # rank 0 skips its first exchange
+    with pytest.raises(AssertionError):
+        sim.verify(plans)
+    plans = _ring_plans()
+    step = plans[3].steps[0]
+    peer, buf, lo, hi, chan = step.sends[0]
+    plans[3].steps = [Step(((peer, buf, lo, hi + 1, chan),), step.recvs, step.local)] + list(plans[3].steps[1:])
+    with pytest.raises(AssertionError, match="elements"):
+        sim.verify(plans)
+
+
+def test_verifier_catches_reading_input_after_overwriting_it_in_place():
+    # a plan that writes OUT then sends IN from the same place works out of place only
+    from collectives.plan import IN, OUT, TMP, PlanBuilder
+
+    def build(rank, size, count):
+        b = PlanBuilder("bad", rank, size, count)
+        peer = 1 - rank
+        b.scratch(count)
+        b.step()
+        b.send(peer, IN, 0, count)
+        b.recv(peer, TMP, 0, count)
+        b.reduce(OUT, 0, IN, 0, TMP, 0, count)
+        b.final(OUT, 0, count)
+        b.step()
+        b.send(peer, IN, 0, count)  # IN is OUT in place: already reduced
+        b.recv(peer, TMP, 0, count)
+        return b.build()
+
+    plans = [build(r, 2, 3) for r in range(2)]
+    sim.verify(plans)  # fine out of place
+    with pytest.raises(AssertionError):
+        sim.verify(plans, in_place=True)
+        raise AssertionError("in place must differ")
+
+
+P, N = 64, 64 << 20
+ALPHA, BETA, GAMMA = 5e-6, 1 / 10e9, 1 / 20e9
+
+
+@pytest.mark.parametrize("algorithm, formula", [
+    ("ring", lambda p, n: 2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * BETA + (p - 1) / p * n * GAMMA),
+    ("recursive_doubling", lambda p, n: math.log2(p) * (ALPHA + n * BETA + n * GAMMA)),
+    ("rabenseifner", lambda p, n: 2 * math.log2(p) * ALPHA + 2 * (p - 1) / p * n * BETA + (p - 1) / p * n * GAMMA),
+])
+@pytest.mark.parametrize("p", [2, 8, P])
+def test_flat_network_matches_textbook_costs(algorithm, formula, p):
+    for n in (1024, N):
+        r = collectives.simulate(algorithm, ranks=p, nbytes=n, alpha=ALPHA, beta=BETA, gamma=GAMMA,
+                                 verify_data=False)
+        expected = formula(p, n)
+        assert abs(r.time - expected) <= 0.02 * expected, (algorithm, p, n, r.time, expected)
+
+
+def test_bytes_steps_and_critical_path():
+    p, n = 8, 8 << 10
+    r = collectives.simulate("ring", ranks=p, nbytes=n, alpha=ALPHA, beta=BETA, gamma=GAMMA)
+    assert r.steps == 2 * (p - 1)
+    assert all(s == 2 * (p - 1) * n // p for s in r.bytes_sent)
+    assert r.bytes_sent == r.bytes_received
+    assert r.critical_path and abs(r.critical_path[-1][4] - r.time) / r.time < 0.01
+    assert r.busbw == pytest.approx(r.algbw * 2 * (p - 1) / p)
+
+
+def test_two_level_topology_and_shared_nic():
+    flat = collectives.simulate("ring", ranks=32, nbytes=1 << 20, alpha=1e-6, beta=1e-10, verify_data=False)
+    slow_inter = sim.Topology(ranks_per_node=8, intra=(1e-6, 1e-10), inter=(1e-5, 1e-9))
+    slow = collectives.simulate("ring", ranks=32, nbytes=1 << 20, topology=slow_inter, verify_data=False)
+    assert slow.time > flat.time
+    shared = sim.Topology(ranks_per_node=8, intra=(1e-6, 1e-10), inter=(1e-5, 1e-9), shared_nic=True)
+    hier = collectives.simulate("hierarchical_copy", ranks=32, nbytes=1 << 20, topology=shared)
+    ring_shared = collectives.simulate("ring", ranks=32, nbytes=1 << 20, topology=shared, verify_data=False)
+    assert hier.verified
+    # groups follow the topology's nodes: only leaders cross nodes, in parallel rings
+    assert hier.time < collectives.simulate("reduce_to_one", ranks=32, nbytes=1 << 20, topology=shared,
+                                            verify_data=False).time
+    assert ring_shared.time >= slow.time * 0.999
+    topo, ranks = sim.Topology.parse("nodes=4x8,intra=1e-6:1e-10,inter=1e-5:1e-9,nic=shared", 1, 1)
+    assert ranks == 32 and topo.shared_nic and topo.inter == (1e-5, 1e-9)
+    with pytest.raises(ValueError, match="unknown topology"):
+        sim.Topology.parse("nodes=4x8,bogus=1", 1, 1)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="valid algorithms"):
+        collectives.simulate("nope", ranks=4, nbytes=8)
+    with pytest.raises(ValueError, match="ranks"):
+        collectives.simulate("ring", ranks=0, nbytes=8)
+    with pytest.raises(ValueError, match="takes no option"):
+        collectives.simulate("ring", ranks=4, nbytes=8, segment_bytes=3)
+
+
+def test_cli_table_plot_and_timeline(tmp_path, capsys):
+    plot, timeline = tmp_path / "t.png", tmp_path / "s.png"
+    code = sim.main(["-a", "ring,tree,rabenseifner", "-p", "12", "-b", "8", "-e", "4K", "-f", "8",
+                     "--plot", str(plot), "--timeline", str(timeline)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "busbw" in out and out.count("yes") == 12  # 4 sizes x 3 algorithms
+    assert plot.stat().st_size > 1000 and timeline.stat().st_size > 1000
+
+
+def test_topology_cli(capsys):
+    assert sim.main(["-a", "hierarchical_copy", "--topology", "nodes=4x4,intra=1e-6:1e-10,inter=1e-5:1e-9",
+                     "-b", "1K", "-e", "1K"]) == 0
+    assert "16 ranks" in capsys.readouterr().out
