@@ -5,6 +5,7 @@ listing the valid choices), finds or builds the cached plan for
 (algorithm, world, count, dtype size, options), binds the caller's buffers and
 the communicator's reusable scratch, and hands them to the executor.
 """
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -12,8 +13,9 @@ import numpy as np
 from . import algorithms as _algorithms
 from . import blocks as _blocks
 from . import config
-from .backend import backend_for
+from .backend import NUMPY, backend_for
 from .comm.base import Communicator
+from .errors import CollectiveError
 from .executor import execute
 from .ops import OPS, check_op_dtype
 from .plan import block_bounds
@@ -57,8 +59,9 @@ def _cached_plan(key, make):
 
 
 def clear_caches():
-    """Drop cached plans and every communicator's scratch buffers are dropped with the communicator."""
+    """Drop the cached plans and call shapes (scratch buffers live and die with their communicator)."""
     _plans.clear()
+    _fast.clear()
 
 
 def _scratch(comm, backend, dtype, count):
@@ -96,7 +99,11 @@ def _as_array(buf, name):
 def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what):
     tmp = _scratch(comm, backend, flat_out.dtype, plan.tmp_count)
     sync = backend.synchronize if backend.is_device else None
-    execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync)
+    try:
+        execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync)
+    except CollectiveError as exc:
+        comm.on_failure(exc)  # under MPI: abort the job unless COLLECTIVES_ON_ERROR=raise
+        raise
 
 
 def _select(name, comm, nbytes, dtype):
@@ -111,6 +118,10 @@ def _select(name, comm, nbytes, dtype):
     return name
 
 
+_fast = {}  # (id(comm), algorithm, op, dtype, count) -> what a repeated call needs
+_environ = os.environ
+
+
 def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, **options):
     """Reduce ``sendbuf`` over every rank of ``comm`` with ``op``; every rank gets the result.
 
@@ -119,6 +130,32 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
     ``sendbuf`` is left unchanged. ``options`` are the algorithm's own
     (``collectives.algorithm_options(name)`` lists them).
     """
+    # the short path: a call shape seen before, contiguous NumPy buffers, no options
+    if not options and type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous \
+            and "COLLECTIVES_ALGO" not in _environ and "COLLECTIVES_CHECK" not in _environ:
+        hit = _fast.get((id(comm), algorithm, op, sendbuf.dtype, sendbuf.size))
+        if hit is not None and hit[0] is comm:
+            _, ours, plan, reduce_fn, final_fn, what = hit
+            flat_in = sendbuf.reshape(-1)
+            if recvbuf is None:
+                result = np.empty(sendbuf.shape, sendbuf.dtype)
+                flat_out = result.reshape(-1)
+            elif recvbuf is sendbuf:
+                result, flat_out = sendbuf, flat_in
+            elif type(recvbuf) is np.ndarray and recvbuf.flags.c_contiguous and recvbuf.shape == sendbuf.shape \
+                    and recvbuf.dtype == sendbuf.dtype and not np.may_share_memory(recvbuf, sendbuf):
+                result = recvbuf
+                flat_out = recvbuf.reshape(-1)
+            else:
+                result = None
+            if result is not None:
+                _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what)
+                return result
+    return _allreduce(sendbuf, recvbuf, op, algorithm, comm, options)
+
+
+def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
+    user_comm = comm
     sendbuf = _as_array(sendbuf, "sendbuf")
     backend = backend_for(sendbuf)
     dtype = sendbuf.dtype
@@ -151,6 +188,10 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
         from .check import agree
         agree(comm, "allreduce", name, op, dtype, count, params)
     what = f"allreduce({name})"
+    if not options and backend is NUMPY and not config.check_enabled() and config.forced_algorithm() is None:
+        if len(_fast) > 1024:
+            _fast.clear()
+        _fast[(id(user_comm), algorithm, op, dtype, count)] = (user_comm, comm, plan, reduce_fn, final_fn, what)
 
     if in_place:
         if backend.is_contiguous(sendbuf):

@@ -2,6 +2,21 @@
 from .plan import COPY, FINAL, IN, OUT, REDUCE, NCHANNELS
 
 
+class StepName:
+    """"allreduce(ring) step 3/6", formatted only if an error message needs it."""
+
+    __slots__ = ("what", "index", "nsteps")
+
+    def __init__(self, what, index, nsteps):
+        self.what, self.index, self.nsteps = what, index, nsteps
+
+    def __str__(self):
+        return f"{self.what} step {self.index + 1}/{self.nsteps}"
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
+
 def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=None):
     """Run ``plan`` with ``inbuf``/``outbuf``/``tmpbuf`` bound to IN/OUT/TMP.
 
@@ -23,7 +38,7 @@ def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=N
                 sync()
             exchange([(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in sends],
                      [(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in recvs],
-                     tag, f"{what} step {index + 1}/{nsteps}" if nsteps else what)
+                     tag, StepName(what, index, nsteps))
         for op in local:
             kind = op[0]
             if kind == REDUCE:

@@ -40,8 +40,9 @@ def run(label, cmd, timeout, rank_prefix=None):
     if rank_prefix is not None:
         lines = [line[len(rank_prefix):] for line in lines if line.startswith(rank_prefix)]
     for line in reversed(lines):
-        if re.search(r"\d+ (passed|failed|error)", line) and " in " in line:
-            for number, kind in SUMMARY.findall(line):
+        match = re.search(r"((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s", line)
+        if match and re.search(r"\d+ (passed|failed|error)", match.group(1)):
+            for number, kind in SUMMARY.findall(match.group(1)):
                 kind = {"error": "failed", "errors": "failed"}.get(kind, kind)
                 if kind in counts:
                     counts[kind] += int(number)

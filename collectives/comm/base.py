@@ -52,6 +52,10 @@ class Communicator:
         raise NotImplementedError
 
     # library support
+    def on_failure(self, exc):
+        """Called when a collective fails after messages moved (timeout, bad size, peer gone).
+        The threaded world needs nothing: run_threaded releases the other ranks."""
+
     def next_tag(self):
         """A tag base for the next collective: successive calls never share tags."""
         seq = getattr(self, "_seq", 0)

@@ -21,6 +21,11 @@ _SPIN_BEFORE_YIELD = 0.002  # seconds of pure polling before yielding the core b
 _cuda = None  # .cuda, imported when the first device buffer is seen
 
 
+_BYTE = MPI.BYTE
+_testall = MPI.Request.Testall
+_waitall = MPI.Request.Waitall
+
+
 def _message(buf):
     if hasattr(buf, "__cuda_array_interface__"):  # CUDA-aware MPI takes device memory as is
         return [buf, buf.nbytes, MPI.BYTE]
@@ -39,6 +44,7 @@ class MPIComm(Communicator):
         self.rank = self.mpi_comm.Get_rank()
         self.size = self.mpi_comm.Get_size()
         self._node_colors = None
+        self._statuses = {}  # reused Status lists, by request count
         tag_ub = self.mpi_comm.Get_attr(MPI.TAG_UB) or 32767
         self._modulus = max(1, min(tag_ub + 1, 1 << 24) // 8)
 
@@ -104,12 +110,48 @@ class MPIComm(Communicator):
         first = recvs[0][1] if recvs else sends[0][1] if sends else None
         if first is not None and not isinstance(first, _ndarray) and hasattr(first, "__cuda_array_interface__"):
             return self._exchange_device(sends, recvs, tag, what)
+        # host buffers: the short path (no wrappers, reused statuses, lazy error text)
         comm = self.mpi_comm
-        reqs = [_Req(comm.Irecv(_message(buf), peer, tag + chan), peer, buf.nbytes, True)
-                for peer, buf, chan in recvs]
-        reqs += [_Req(comm.Isend(_message(buf), peer, tag + chan), peer, buf.nbytes, False)
-                 for peer, buf, chan in sends]
-        self.waitall(reqs, what)
+        reqs = [comm.Irecv([buf, _BYTE], peer, tag + chan) for peer, buf, chan in recvs]
+        reqs += [comm.Isend([buf, _BYTE], peer, tag + chan) for peer, buf, chan in sends]
+        statuses = self._statuses.get(len(reqs))
+        if statuses is None:
+            statuses = self._statuses[len(reqs)] = [MPI.Status() for _ in reqs]
+        try:
+            if not _testall(reqs, statuses):
+                limit = config.timeout()
+                if not limit:
+                    _waitall(reqs, statuses)
+                else:
+                    self._poll_step(reqs, statuses, recvs, sends, limit, what)
+        except MPI.Exception as exc:
+            if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
+                peers = ", ".join(str(peer) for peer, _, _ in recvs)
+                raise MismatchError(f"{what}: a message from rank(s) {peers} is longer than expected "
+                                    f"(ranks disagree on count, dtype or algorithm)") from None
+            raise
+        for index, (peer, buf, _) in enumerate(recvs):
+            got = statuses[index].Get_count(_BYTE)
+            if got != buf.nbytes:
+                check_received(peer, buf.nbytes, got, what)
+
+    @staticmethod
+    def _poll_step(reqs, statuses, recvs, sends, limit, what):
+        start = time.monotonic()
+        spins = 0
+        while not _testall(reqs, statuses):
+            spins += 1
+            if spins & 63:
+                continue
+            now = time.monotonic()
+            if now - start > limit:
+                peers = [peer for peer, _, _ in recvs] + [peer for peer, _, _ in sends]
+                pending = sorted({peer for peer, req in zip(peers, reqs) if req})
+                silent = sorted({peer for (peer, _, _), req in zip(recvs, reqs) if req}) or pending
+                raise CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
+                                        f"{', '.join(map(str, silent))} after {limit:g} s")
+            if now - start > _SPIN_BEFORE_YIELD:
+                os.sched_yield()
 
     # device buffers (one step's buffers all live where the call's arrays live)
     def _exchange_device(self, sends, recvs, tag, what):
@@ -179,6 +221,18 @@ class MPIComm(Communicator):
                 raise MismatchError(f"{what}: a message from rank(s) {peers} is longer than expected "
                                     f"(ranks disagree on count, dtype or algorithm)") from None
             raise
+
+    def on_failure(self, exc):
+        """Abort the whole job (MPI.Abort) so that no rank waits forever or reports success;
+        COLLECTIVES_ON_ERROR=raise leaves the error to the caller instead."""
+        if self.size > 1 and os.environ.get("COLLECTIVES_ON_ERROR", "abort").lower() != "raise":
+            import sys
+
+            sys.stderr.write(f"collectives: rank {self.rank} of {self.size}: {type(exc).__name__}: {exc}\n"
+                             f"collectives: aborting the MPI job (COLLECTIVES_ON_ERROR=raise to handle "
+                             f"errors instead)\n")
+            sys.stderr.flush()
+            self.mpi_comm.Abort(1)
 
     def barrier(self):
         req = self.mpi_comm.Ibarrier()

@@ -10,9 +10,18 @@ import threading
 import time
 from collections import deque
 
+from numpy import ndarray as _ndarray
+
 from .. import config
 from ..errors import CollectiveTimeout, PeerAborted
 from .base import Communicator, Request, check_received
+
+
+def _synchronize(array):
+    import cupy
+
+    with array.device:
+        cupy.cuda.get_current_stream().synchronize()
 
 
 class _Shared:
@@ -74,6 +83,8 @@ class ThreadComm(Communicator):
     def isend(self, buf, dest, tag=0):
         self._check_peer(dest)
         data = buf.copy()
+        if not isinstance(data, _ndarray):  # a device copy: finish it before another thread reads it
+            _synchronize(data)
         world = self._world
         with world.shared.cond:
             world.queues.setdefault((self.rank, dest, tag), deque()).append(data)

@@ -141,6 +141,7 @@ def test_timeout_names_the_silent_rank(monkeypatch):
     if WORLD.size < 2:
         pytest.skip("needs two ranks")
     monkeypatch.setenv("COLLECTIVES_TIMEOUT", "1")
+    monkeypatch.setenv("COLLECTIVES_ON_ERROR", "raise")
     comm = collectives.as_comm(WORLD.Dup())
     if WORLD.rank == 1:
         WORLD.Barrier()  # rank 1 never calls; waits for the others to time out
