@@ -1,0 +1,99 @@
+"""Fault scenarios for tests/test_faults_mpi.py: each CASE breaks one rank on purpose.
+
+Run as ``mpiexec -n N python tests/faults/scenario.py CASE`` (``python -m mpi4py`` for
+``raises``), with COLLECTIVES_TIMEOUT small (2). Every rank does a few all-reduce calls
+and checks each result; only a rank whose every call was right prints
+``SCENARIO-OK rank R``; a wrong result prints ``SCENARIO-WRONG``. A CollectiveError that
+reaches this script (COLLECTIVES_CHECK=1, or COLLECTIVES_ON_ERROR=raise) is printed as
+``SCENARIO-ERROR rank R: Type: message``; the rank then waits (bounded) for the others at
+a barrier on COMM_WORLD so that every rank's line is out before the job ends nonzero.
+
+Cases (the faulty rank is 1):
+  ok           nothing wrong: the control case (exits 0, every rank prints SCENARIO-OK)
+  count        rank 1 passes one element more
+  dtype        rank 1 passes float64 where the others pass float32 (same count)
+  dtype_same   rank 1 passes int32 where the others pass float32 (same byte size)
+  never_calls  rank 1 does the first call, then sleeps instead of the second
+  raises       rank 1 raises RuntimeError after the first call
+  sigkill      rank 1 kills itself with SIGKILL after the first call
+
+SCENARIO_ALGO picks the algorithm (default ring); SCENARIO_CALLS the number of calls (4).
+"""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+import collectives  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+FAULTY = 1
+COUNT = 1000
+
+
+def say(text):
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def bounded_barrier(limit=15.0):
+    req = WORLD.Ibarrier()
+    deadline = time.monotonic() + limit
+    while not req.Test():
+        if time.monotonic() > deadline:
+            say(f"SCENARIO-BARRIER-TIMEOUT rank {RANK}")
+            return
+        time.sleep(0.005)
+
+
+def buffers(case, call):
+    """This rank's input and the result every rank should get when nothing is wrong."""
+    count, dtype = COUNT, np.dtype(np.float32)
+    if RANK == FAULTY:
+        if case == "count":
+            count += 1
+        elif case == "dtype":
+            dtype = np.dtype(np.float64)
+        elif case == "dtype_same":
+            dtype = np.dtype(np.int32)
+    x = np.full(count, RANK + 1 + call, dtype)
+    expected = np.full(count, sum(r + 1 + call for r in range(SIZE)), dtype)
+    return x, expected
+
+
+def main(case):
+    algorithm = os.environ.get("SCENARIO_ALGO", "ring")
+    calls = int(os.environ.get("SCENARIO_CALLS", "4"))
+    ok = True
+    for call in range(calls):
+        if RANK == FAULTY and call == 1:
+            if case == "never_calls":
+                time.sleep(120)  # a hung rank: the others must time out and end the job
+            elif case == "raises":
+                raise RuntimeError(f"scenario: rank {RANK} failed on purpose between calls")
+            elif case == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+        x, expected = buffers(case, call)
+        y = collectives.allreduce(x, algorithm=algorithm)
+        if not np.array_equal(y, expected):
+            ok = False
+    say(f"SCENARIO-{'OK' if ok else 'WRONG'} rank {RANK}")
+    return 0 if ok else 2
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    try:
+        code = main(what)
+    except collectives.CollectiveError as exc:
+        say(f"SCENARIO-ERROR rank {RANK}: {type(exc).__name__}: {exc}")
+        bounded_barrier()
+        code = 1
+    sys.exit(code)
