@@ -234,9 +234,20 @@ class MPIComm(Communicator):
             sys.stderr.flush()
             self.mpi_comm.Abort(1)
 
-    def barrier(self):
-        req = self.mpi_comm.Ibarrier()
-        self.waitall([_Req(req, -1, 0, False)], "barrier")
+    def barrier(self, what="barrier"):
+        """Dissemination barrier of empty messages: ceil(log2 n) rounds, each bounded by
+        COLLECTIVES_TIMEOUT; a timeout names the rank not heard from (MPI_Ibarrier cannot)."""
+        if self.size == 1:
+            return
+        import numpy as np
+
+        tag = self.next_tag() * 8
+        token, sink = np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+        distance = 1
+        while distance < self.size:
+            self.exchange([((self.rank + distance) % self.size, token, 0)],
+                          [((self.rank - distance) % self.size, sink, 0)], tag, what)
+            distance *= 2
 
     def split(self, color, key=0):
         new = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
