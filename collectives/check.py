@@ -27,7 +27,25 @@ def encode(kind, algorithm, op, dtype, count, params):
                      _code(sorted(params.items()))], dtype=np.int64)
 
 
+_CALLS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+
+
+def _names():
+    """crc32 -> name for every call and algorithm name, so that messages show names, not codes."""
+    from . import blocks
+    from .algorithms import names
+
+    known = set(_CALLS) | set(names()) | {"auto"}
+    for table in (blocks.REDUCE_SCATTER, blocks.ALLGATHER, blocks.BROADCAST, blocks.REDUCE):
+        known |= set(table)
+    return {_code(name): name for name in known}
+
+
 def _show(field, value):
+    if field in ("call", "algorithm"):
+        name = _names().get(value)
+        if name is not None:
+            return name
     if field == "dtype":
         return str(DTYPES[value]) if 0 <= value < len(DTYPES) else "?"
     if field == "op":
@@ -59,5 +77,6 @@ def agree(comm, kind, algorithm, op, dtype, count, params):
             detail = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {_show(field, v)}"
                                for v, r in groups.items())
             differ = [r for r, v in enumerate(values.tolist()) if v != values[0]]
-            raise MismatchError(f"{kind}: ranks disagree on {field} (ranks {', '.join(map(str, differ))} "
+            first = _show("call", int(table[0, 0]))  # rank 0's call: the same text on every rank
+            raise MismatchError(f"{first}: ranks disagree on {field} (ranks {', '.join(map(str, differ))} "
                                 f"differ from rank 0): {detail}")

@@ -6,9 +6,11 @@ a corrupt or foreign one gives one warning and the same fallback.
 """
 import json
 import os
+import threading
 import warnings
 
 _loaded = {}
+_lock = threading.Lock()  # the ranks of a threaded world read the file at once: one read, one warning
 
 
 def path():
@@ -23,22 +25,34 @@ def _table():
     where = path()
     if where in _loaded:
         return _loaded[where]
+    with _lock:
+        if where in _loaded:
+            return _loaded[where]
+        return _read(where)
+
+
+def _read(where):
     table = None
     if os.path.exists(where):
         try:
             with open(where) as f:
                 data = json.load(f)
-            if data.get("format") != "collectives-tuning-1":
-                raise ValueError("not a collectives tuning file")
+            if not isinstance(data, dict) or data.get("format") != "collectives-tuning-1":
+                raise ValueError("not a collectives tuning file (no \"format\": \"collectives-tuning-1\")")
+            if not isinstance(data.get("entries"), list):
+                raise ValueError("no list of entries")
             table = {}
-            for entry in data["entries"]:
-                table.setdefault((int(entry["size"]), str(entry["dtype"])), []).append(
-                    (int(entry["nbytes"]), str(entry["algorithm"])))
+            for index, entry in enumerate(data["entries"]):
+                try:
+                    table.setdefault((int(entry["size"]), str(entry["dtype"])), []).append(
+                        (int(entry["nbytes"]), str(entry["algorithm"])))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise ValueError(f"entry {index} is malformed ({type(exc).__name__}: {exc})") from None
             for rows in table.values():
                 rows.sort()
         except Exception as exc:  # noqa: BLE001 - any bad file falls back to the cost model
             warnings.warn(f"collectives: ignoring tuning file {where}: {exc}; using the cost model",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=4)
             table = None
     _loaded[where] = table
     return table

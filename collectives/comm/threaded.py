@@ -30,12 +30,33 @@ class _Shared:
     def __init__(self):
         self.cond = threading.Condition()
         self.failed = None  # (world rank, exception) of the first failure
+        self.waiting = {}  # root-world rank -> root-world ranks it is blocked on (under cond)
+
+    def silent_behind(self, peers):
+        """The root-world ranks that ``peers`` wait on, followed through ranks that are
+        themselves blocked, ending at ranks not waiting at all (the silent ones)."""
+        seen, silent, frontier = set(), set(), list(peers)
+        while frontier:
+            rank = frontier.pop()
+            if rank in seen:
+                continue
+            seen.add(rank)
+            blocked_on = self.waiting.get(rank)
+            if blocked_on is None:
+                silent.add(rank)
+            else:
+                frontier.extend(blocked_on)
+        return sorted(silent)
 
     def abort(self, rank, exc):
         with self.cond:
-            if self.failed is None:
-                self.failed = (rank, exc)
-            self.cond.notify_all()
+            self.fail_locked(rank, exc)
+
+    def fail_locked(self, rank, exc):
+        """Record the first failure and wake every waiter (the caller holds ``cond``)."""
+        if self.failed is None:
+            self.failed = (rank, exc)
+        self.cond.notify_all()
 
 
 class _World:
@@ -105,32 +126,55 @@ class ThreadComm(Communicator):
         world = self._world
         shared = world.shared
         pending = [r for r in requests if r.is_recv and not r.done]
+        if not pending:
+            return
+        me = world.world_ranks[self.rank]
         with shared.cond:
-            while pending:
-                if shared.failed is not None:
-                    raise PeerAborted(f"{what}: rank {world.world_ranks[self.rank]} released because "
-                                      f"rank {shared.failed[0]} failed: {shared.failed[1]!r}")
-                progressed = False
-                for req in pending:
-                    queue = world.queues.get(req.key)
-                    if queue:
-                        data = queue.popleft()
-                        check_received(req.peer, req.nbytes, data.nbytes, what)
-                        req.buf[...] = data.view(req.buf.dtype) if data.dtype != req.buf.dtype else data
-                        req.done = True
-                        progressed = True
-                if progressed:
-                    pending = [r for r in pending if not r.done]
-                    continue
-                if deadline is None:
-                    shared.cond.wait()
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    silent = sorted({r.peer for r in pending})
-                    raise CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
-                                            f"{', '.join(map(str, silent))} after {limit:g} s")
-                shared.cond.wait(remaining)
+            try:
+                self._wait(pending, world, shared, me, deadline, limit, what)
+            finally:
+                shared.waiting.pop(me, None)
+
+    def _wait(self, pending, world, shared, me, deadline, limit, what):
+        while pending:
+            if shared.failed is not None:
+                raise PeerAborted(f"{what}: rank {world.world_ranks[self.rank]} released because "
+                                  f"rank {shared.failed[0]} failed: {shared.failed[1]!r}")
+            progressed = False
+            for req in pending:
+                queue = world.queues.get(req.key)
+                if queue:
+                    data = queue.popleft()
+                    check_received(req.peer, req.nbytes, data.nbytes, what)
+                    req.buf[...] = data.view(req.buf.dtype) if data.dtype != req.buf.dtype else data
+                    req.done = True
+                    progressed = True
+            if progressed:
+                pending = [r for r in pending if not r.done]
+                continue
+            shared.waiting[me] = {world.world_ranks[r.peer] for r in pending}
+            if deadline is None:
+                shared.cond.wait()
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                exc = CollectiveTimeout(self._timeout_message(pending, world, shared, me, limit, what))
+                shared.fail_locked(me, exc)  # before the lock is let go: no other rank blames this one
+                raise exc
+            shared.cond.wait(remaining)
+
+    @staticmethod
+    def _timeout_message(pending, world, shared, me, limit, what):
+        silent = sorted({r.peer for r in pending})
+        text = (f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
+                f"{', '.join(map(str, silent))} after {limit:g} s")
+        direct = {world.world_ranks[p] for p in silent}
+        behind = [r for r in shared.silent_behind(direct) if r != me]
+        if behind and set(behind) != direct:
+            prefix = "" if world.world_ranks == list(range(world.size)) else "world "
+            text += (f"; {'they wait' if len(silent) > 1 else 'it waits'} in turn on silent {prefix}"
+                     f"rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))}")
+        return text
 
     def barrier(self):
         # dissemination barrier: ceil(log2 n) rounds of empty messages
@@ -155,14 +199,21 @@ class ThreadComm(Communicator):
             entry = world.splits.setdefault(seq, {"votes": {}, "worlds": None, "left": self.size})
             entry["votes"][self.rank] = (color, key)
             shared.cond.notify_all()
-            while len(entry["votes"]) < self.size:
-                if shared.failed is not None:
-                    raise PeerAborted(f"split: released because rank {shared.failed[0]} failed")
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+            me = world.world_ranks[self.rank]
+            try:
+                while len(entry["votes"]) < self.size:
+                    if shared.failed is not None:
+                        raise PeerAborted(f"split: released because rank {shared.failed[0]} failed")
                     missing = sorted(set(range(self.size)) - set(entry["votes"]))
-                    raise CollectiveTimeout(f"split: no call from ranks {missing} after {limit:g} s")
-                shared.cond.wait(remaining)
+                    shared.waiting[me] = {world.world_ranks[r] for r in missing}
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        exc = CollectiveTimeout(f"split: no call from ranks {missing} after {limit:g} s")
+                        shared.fail_locked(me, exc)
+                        raise exc
+                    shared.cond.wait(remaining)
+            finally:
+                shared.waiting.pop(me, None)
             if entry["worlds"] is None:
                 groups = {}
                 for rank, (c, k) in entry["votes"].items():

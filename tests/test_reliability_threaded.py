@@ -1,0 +1,477 @@
+"""Reliability on the threaded world: properties over world size, count, dtype, op, algorithm
+and options (valid ones give the exact result on every rank, invalid ones a clear ValueError
+before any communication); failures reach the caller and release the other ranks; silent
+ranks and mismatches end as CollectiveTimeout/MismatchError, never a wrong result; a corrupt
+or foreign tuning file warns and falls back to the cost model."""
+import contextlib
+import importlib
+import json
+import os
+import re
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import collectives
+from collectives import blocks, config, tuning
+from collectives.errors import CollectiveError, CollectiveTimeout, MismatchError, PeerAborted
+from tests.helpers import ALL_DTYPES, integer_valued, ops_for, reference
+
+select = importlib.import_module("collectives.select")
+ALGORITHMS = collectives.algorithms()
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@contextlib.contextmanager
+def env(**values):
+    """Set (or, with None, unset) environment variables for a block; restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ------------------------------------------------------------------ valid calls: exact results
+def valid_options(draw, algorithm, n):
+    declared = collectives.algorithm_options(algorithm)
+    options = {}
+    if "segment_bytes" in declared and draw(st.booleans()):
+        options["segment_bytes"] = draw(st.sampled_from([1, 2, 8, 24, 64, 1 << 18]))
+    if "group_size" in declared and draw(st.booleans()):
+        options["group_size"] = draw(st.integers(1, n + 1))
+    if "root" in declared and draw(st.booleans()):
+        options["root"] = draw(st.integers(0, n - 1))
+    return options
+
+
+@st.composite
+def calls(draw):
+    n = draw(st.integers(1, 6))
+    dtype = draw(st.sampled_from(ALL_DTYPES))
+    op = draw(st.sampled_from(ops_for(dtype)))
+    algorithm = draw(st.sampled_from(ALGORITHMS + ["auto"]))
+    options = valid_options(draw, algorithm, n) if algorithm != "auto" else {}
+    count = draw(st.integers(0, 300) if options.get("segment_bytes", 99) >= 8 else st.integers(0, 40))
+    return n, count, dtype, op, algorithm, options, draw(st.integers(0, 1000))
+
+
+@PROPERTY
+@given(calls())
+def test_valid_calls_give_the_exact_result_on_every_rank(call):
+    n, count, dtype, op, algorithm, options, seed = call
+    inputs = [integer_valued(r, count, dtype, op, seed=seed) for r in range(n)]
+    kept = [x.copy() for x in inputs]
+
+    def body(comm):
+        return collectives.allreduce(inputs[comm.rank], op=op, algorithm=algorithm, comm=comm, **options)
+
+    with env(COLLECTIVES_TIMEOUT=30):
+        results = collectives.run_threaded(n, body)
+    expected = reference(inputs, op)
+    for rank, y in enumerate(results):
+        assert y.dtype == dtype and y.shape == (count,)
+        assert y.tobytes() == results[0].tobytes(), f"rank {rank} differs from rank 0"
+        assert np.array_equal(y.astype(np.float64), expected.astype(np.float64)), f"rank {rank} wrong"
+        assert inputs[rank].tobytes() == kept[rank].tobytes(), "sendbuf modified"
+
+
+@PROPERTY
+@given(n=st.integers(1, 5), count=st.integers(0, 60), seed=st.integers(0, 100),
+       rs=st.sampled_from(list(blocks.REDUCE_SCATTER)), ag=st.sampled_from(list(blocks.ALLGATHER)),
+       bc=st.sampled_from(list(blocks.BROADCAST)), rd=st.sampled_from(list(blocks.REDUCE)), data=st.data())
+def test_building_blocks_give_the_exact_result(n, count, seed, rs, ag, bc, rd, data):
+    root = data.draw(st.integers(0, n - 1))
+    dtype = np.dtype(np.int32)
+    inputs = [integer_valued(r, count, dtype, "sum", seed=seed) for r in range(n)]
+    full = reference(inputs, "sum")
+
+    def body(comm):
+        x = inputs[comm.rank]
+        b = x.copy()
+        collectives.broadcast(b, root=root, comm=comm, algorithm=bc)
+        return (collectives.reduce_scatter(x, comm=comm, algorithm=rs),
+                collectives.allgather(x[:comm.rank + 1], comm=comm, algorithm=ag), b,
+                collectives.reduce(x, root=root, comm=comm, algorithm=rd))
+
+    with env(COLLECTIVES_TIMEOUT=30):
+        results = collectives.run_threaded(n, body)
+    gathered = np.concatenate([inputs[r][:r + 1] for r in range(n)])
+    for rank, (block, allg, bcast, red) in enumerate(results):
+        assert np.array_equal(block, np.array_split(full, n)[rank])
+        assert np.array_equal(allg, gathered)
+        assert np.array_equal(bcast, inputs[root])
+        assert (red is None) if rank != root else np.array_equal(red, full)
+
+
+# ------------------------------------------------------------------ invalid input: clear ValueError
+def _rank0_only(comm, call):
+    if comm.rank == 0:  # an error raised after communicating would time out instead
+        call(comm)
+
+
+@st.composite
+def invalid_options(draw):
+    n = draw(st.integers(1, 5))
+    algorithm = draw(st.sampled_from(ALGORITHMS))
+    declared = collectives.algorithm_options(algorithm)
+    choices = ["unknown"]
+    if "segment_bytes" in declared:
+        choices.append("segment_bytes")
+    if "group_size" in declared:
+        choices.append("group_size")
+    if "root" in declared:
+        choices.append("root")
+    kind = draw(st.sampled_from(choices))
+    if kind == "unknown":
+        name = draw(st.sampled_from(["fanout", "segments", "chunk", "root", "group_size", "segment_bytes"]))
+        assume(name not in declared)
+        return n, algorithm, {name: 1}, r"valid options|takes no option"
+    if kind == "root":
+        bad = draw(st.sampled_from([-1, -7, n, n + 3, "0", 1.0, True, None]))
+        return n, algorithm, {"root": bad}, r"root"
+    bad = draw(st.sampled_from([0, -1, -1024, "64", 2.5, True, False] + ([None] if kind != "group_size" else [])))
+    return n, algorithm, {kind: bad}, kind
+
+
+@PROPERTY
+@given(invalid_options())
+def test_invalid_options_raise_a_clear_value_error_before_communicating(case):
+    n, algorithm, options, match = case
+    with env(COLLECTIVES_TIMEOUT=5):
+        start = time.monotonic()
+        with pytest.raises(ValueError, match=match):
+            collectives.run_threaded(n, _rank0_only,
+                                     lambda c: collectives.allreduce(np.ones(8), algorithm=algorithm, comm=c,
+                                                                     **options))
+        assert time.monotonic() - start < 4, "the error came from a timeout, not from validation"
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda c: collectives.allreduce(np.ones(4), op="bitor", comm=c), "valid ops"),
+    (lambda c: collectives.allreduce(np.ones(4, np.complex64), comm=c), "supported dtypes"),
+    (lambda c: collectives.allreduce(np.ones(4, np.int16), op="avg", comm=c), "floating dtype"),
+    (lambda c: collectives.allreduce(np.ones(4), algorithm="butterfly", comm=c), "valid algorithms"),
+    (lambda c: collectives.allreduce(np.ones(4), np.ones(3), comm=c), "recvbuf must match"),
+    (lambda c: collectives.reduce(np.ones(4), root=9, comm=c), "root must be a rank"),
+    (lambda c: collectives.broadcast(np.ones(4), root=True, comm=c), "root must be a rank"),
+    (lambda c: collectives.allgather(np.ones(4), algorithm="tree", comm=c), "valid: ring"),
+])
+def test_bad_arguments_are_value_errors_before_communicating(call, match):
+    with env(COLLECTIVES_TIMEOUT=5):
+        with pytest.raises(ValueError, match=match):
+            collectives.run_threaded(3, _rank0_only, call)
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "1s"])
+def test_bad_timeout_setting_is_a_value_error(raw):
+    with env(COLLECTIVES_TIMEOUT=raw), pytest.raises(ValueError, match="COLLECTIVES_TIMEOUT"):
+        config.timeout()
+
+
+def test_timeout_zero_disables_the_bound():
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.3)
+        return collectives.allreduce(np.ones(3), comm=comm, algorithm="ring")
+
+    with env(COLLECTIVES_TIMEOUT=0):
+        assert config.timeout() == 0
+        results = collectives.run_threaded(2, body)
+    assert all((y == 2).all() for y in results)
+    with env(COLLECTIVES_TIMEOUT=None):
+        assert config.timeout() == config.DEFAULT_TIMEOUT == 300
+
+
+def test_error_hierarchy():
+    for cls in (CollectiveTimeout, MismatchError, PeerAborted):
+        assert issubclass(cls, CollectiveError)
+    assert issubclass(CollectiveTimeout, TimeoutError) and issubclass(MismatchError, ValueError)
+    assert collectives.CollectiveError is CollectiveError
+
+
+# ------------------------------------------------------------------ failures
+@pytest.mark.parametrize("where", ["before", "between", "split", "barrier"])
+def test_first_exception_reaches_the_caller_and_others_are_released(where):
+    released = {}
+
+    def body(comm):
+        try:
+            collectives.allreduce(np.ones(100), comm=comm, algorithm="ring")
+            if comm.rank == 2 and where != "before":
+                raise ZeroDivisionError("rank 2 broke")
+            if where == "split":
+                comm.split(comm.rank % 2)
+            elif where == "barrier":
+                comm.barrier()
+            collectives.allreduce(np.ones(100), comm=comm, algorithm="tree")
+        except PeerAborted as exc:
+            released[comm.rank] = exc
+            raise
+
+    def first(comm):
+        if comm.rank == 2 and where == "before":
+            raise ZeroDivisionError("rank 2 broke")
+        body(comm)
+
+    with env(COLLECTIVES_TIMEOUT=60):
+        start = time.monotonic()
+        with pytest.raises(ZeroDivisionError, match="rank 2 broke"):
+            collectives.run_threaded(4, first)
+        elapsed = time.monotonic() - start
+    assert elapsed < 20, f"the other ranks were not released ({elapsed:.0f} s)"
+    assert set(released) == {0, 1, 3}, f"released: {sorted(released)}"
+    assert all("rank 2 failed" in str(exc) for exc in released.values())
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_rank_that_never_calls_times_out_naming_it(algorithm):
+    silent = 2
+
+    def body(comm):
+        if comm.rank != silent:
+            collectives.allreduce(np.ones(50), comm=comm, algorithm=algorithm)
+
+    with env(COLLECTIVES_TIMEOUT=1):
+        start = time.monotonic()
+        with pytest.raises(CollectiveTimeout) as info:
+            collectives.run_threaded(4, body)
+        elapsed = time.monotonic() - start
+    assert elapsed < 15, f"{elapsed:.0f} s for a 1 s timeout"
+    message = str(info.value)
+    # the rank that timed out first names the peer it waited on and, where that peer is itself
+    # blocked, the silent rank behind it
+    match = re.match(rf"allreduce\({algorithm}\) step \d+/\d+: no message from ranks? ([\d, ]+) after 1 s"
+                     rf"(; (it|they) waits? in turn on silent ranks? ([\d, ]+))?$", message)
+    assert match, message
+    named = match.group(4) or match.group(1)
+    assert [int(r) for r in named.split(", ")] == [silent], message
+
+
+def test_split_waits_are_bounded_too():
+    def body(comm):
+        if comm.rank != 1:
+            comm.split(0)
+
+    with env(COLLECTIVES_TIMEOUT=1), pytest.raises(CollectiveTimeout, match=r"split: no call from ranks \[1\]"):
+        collectives.run_threaded(3, body)
+
+
+@st.composite
+def mismatched_counts(draw):
+    n = draw(st.integers(2, 5))
+    base = draw(st.integers(0, 40))
+    counts = draw(st.lists(st.sampled_from([base, base + 1, base + 7, max(0, base - 1)]), min_size=n, max_size=n))
+    assume(len(set(counts)) > 1)
+    return n, counts, draw(st.sampled_from(ALGORITHMS))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mismatched_counts())
+def test_mismatched_counts_are_an_error_never_a_result(case):
+    n, counts, algorithm = case
+
+    def body(comm):
+        return collectives.allreduce(np.ones(counts[comm.rank], np.float32), comm=comm, algorithm=algorithm)
+
+    with env(COLLECTIVES_TIMEOUT=0.3):
+        with pytest.raises((MismatchError, CollectiveTimeout)) as info:
+            results = collectives.run_threaded(n, body)
+            pytest.fail(f"counts {counts}: no error, results {[r.tolist() for r in results]}")
+    if isinstance(info.value, MismatchError):
+        assert re.search(r"message from rank \d+ has \d+ bytes, expected \d+", str(info.value)), info.value
+
+
+@pytest.mark.parametrize("other", [np.float64, np.float16, np.int8])
+def test_mismatched_dtype_size_is_a_mismatch(other):
+    def body(comm):
+        dtype = other if comm.rank == 1 else np.float32
+        return collectives.allreduce(np.ones(64, dtype), comm=comm, algorithm="ring")
+
+    with env(COLLECTIVES_TIMEOUT=2), pytest.raises((MismatchError, CollectiveTimeout)):
+        collectives.run_threaded(3, body)
+
+
+@pytest.mark.parametrize("extra", [-3, 5])
+def test_short_and_long_messages_name_the_peer(extra):
+    def body(comm):
+        if comm.rank == 0:
+            comm.exchange([(1, np.ones(10 + extra, np.uint8), 0)], [], 0, "probe")
+        else:
+            comm.exchange([], [(0, np.zeros(10, np.uint8), 0)], 0, "probe")
+
+    with env(COLLECTIVES_TIMEOUT=5), pytest.raises(MismatchError) as info:
+        collectives.run_threaded(2, body)
+    assert str(info.value).startswith(f"probe: message from rank 0 has {10 + extra} bytes, expected 10")
+
+
+@pytest.mark.parametrize("field, call", [
+    ("count", lambda c: collectives.allreduce(np.ones(10 + (c.rank == 2)), comm=c, algorithm="ring")),
+    ("dtype", lambda c: collectives.allreduce(np.ones(10, np.int32 if c.rank == 2 else np.float32), comm=c,
+                                              algorithm="ring")),
+    ("op", lambda c: collectives.allreduce(np.ones(10), op="min" if c.rank == 2 else "sum", comm=c)),
+    ("algorithm", lambda c: collectives.allreduce(np.ones(10), comm=c, algorithm="tree" if c.rank == 2 else "ring")),
+    ("options", lambda c: collectives.allreduce(np.ones(10), comm=c, algorithm="reduce_to_one",
+                                                root=1 if c.rank == 2 else 0)),
+    ("options", lambda c: collectives.broadcast(np.ones(10), root=1 if c.rank == 2 else 0, comm=c)),
+    ("call", lambda c: (collectives.reduce if c.rank == 2 else collectives.reduce_scatter)(np.ones(10), comm=c)),
+])
+def test_check_raises_the_same_mismatch_on_every_rank(field, call):
+    def body(comm):
+        try:
+            call(comm)
+        except MismatchError as exc:
+            return str(exc)
+        return None
+
+    with env(COLLECTIVES_CHECK=1, COLLECTIVES_TIMEOUT=10):
+        messages = collectives.run_threaded(4, body)
+    assert all(m is not None for m in messages), f"a rank did not raise: {messages}"
+    assert len(set(messages)) == 1, messages
+    assert f"ranks disagree on {field} (ranks 2 differ from rank 0)" in messages[0], messages[0]
+
+
+def test_check_passes_agreeing_calls():
+    def body(comm):
+        return (collectives.allreduce(np.ones(10), comm=comm, algorithm="tree", segment_bytes=16),
+                collectives.reduce(np.ones(3), root=1, comm=comm))
+
+    with env(COLLECTIVES_CHECK=1, COLLECTIVES_TIMEOUT=10):
+        results = collectives.run_threaded(3, body)
+    assert all((y == 3).all() for y, _ in results)
+    assert results[1][1].tolist() == [3, 3, 3]
+
+
+# ------------------------------------------------------------------ tuning file
+@pytest.fixture
+def tuning_file(tmp_path):
+    where = tmp_path / "tuning.json"
+
+    def use(content):
+        if isinstance(content, bytes):
+            where.write_bytes(content)
+        elif content is not None:
+            where.write_text(content)
+        tuning.reload()
+        select._choices.clear()
+        collectives.clear_caches()
+        return str(where)
+
+    saved = os.environ.get("COLLECTIVES_TUNING")
+    yield use
+    if saved is None:
+        os.environ.pop("COLLECTIVES_TUNING", None)
+    else:
+        os.environ["COLLECTIVES_TUNING"] = saved
+    tuning.reload()
+    select._choices.clear()
+    collectives.clear_caches()
+
+
+def _auto_choice(n, nbytes):
+    box = {}
+
+    def body(comm):
+        if comm.rank == 0:
+            box["name"] = select.choose(comm, nbytes, np.dtype(np.float32))
+        return collectives.allreduce(np.ones(nbytes // 4, np.float32), comm=comm)
+
+    results = collectives.run_threaded(n, body)
+    assert all((y == n).all() for y in results)
+    return box["name"]
+
+
+def _cost_model_choice(n, nbytes):
+    from collectives.algorithms import shm  # noqa: F401 - the threaded world never takes its fast path
+
+    candidates = [a for a in ALGORITHMS if a != "shm"]
+    return select.cost_choice(n, nbytes, candidates=candidates)[0]
+
+
+CORRUPT = {
+    "truncated json": '{"format": "collectives-tuning-1", "entries": [',
+    "binary": b"\x80\x81\xff\x00garbage",
+    "foreign json": json.dumps({"format": "someone-else-9", "entries": []}),
+    "json list": json.dumps([1, 2, 3]),
+    "entries missing": json.dumps({"format": "collectives-tuning-1"}),
+    "bad entry": json.dumps({"format": "collectives-tuning-1", "entries": [{"size": "two", "nbytes": 8}]}),
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("kind", list(CORRUPT))
+def test_corrupt_or_foreign_tuning_file_warns_once_and_falls_back(tuning_file, kind):
+    where = tuning_file(CORRUPT[kind])
+    with env(COLLECTIVES_TUNING=where, COLLECTIVES_TIMEOUT=30):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            name = _auto_choice(3, 4096)
+            _auto_choice(3, 64)  # a second shape: the file is not read (or warned about) again
+            assert tuning.lookup(3, 4096, np.dtype(np.float32)) is None
+    ours = [w for w in caught if issubclass(w.category, RuntimeWarning) and where in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert "using the cost model" in str(ours[0].message)
+    assert name == _cost_model_choice(3, 4096)
+
+
+def test_tuning_directory_in_place_of_a_file_warns_and_falls_back(tuning_file, tmp_path):
+    where = tmp_path / "a-directory"
+    where.mkdir()
+    tuning_file(None)
+    with env(COLLECTIVES_TUNING=str(where), COLLECTIVES_TIMEOUT=30):
+        with pytest.warns(RuntimeWarning, match="ignoring tuning file"):
+            name = _auto_choice(2, 1024)
+    assert name == _cost_model_choice(2, 1024)
+
+
+def test_valid_tuning_file_is_used_and_unknown_algorithms_ignored(tuning_file):
+    table = {"format": "collectives-tuning-1", "entries": [
+        {"size": 3, "dtype": "float32", "nbytes": 4096, "algorithm": "reduce_to_one"},
+        {"size": 2, "dtype": "*", "nbytes": 4096, "algorithm": "no_such_algorithm"}]}
+    where = tuning_file(json.dumps(table))
+    with env(COLLECTIVES_TUNING=where, COLLECTIVES_TIMEOUT=30):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert _auto_choice(3, 4096) == "reduce_to_one"
+            assert _auto_choice(2, 4096) == _cost_model_choice(2, 4096)
+
+
+def test_missing_tuning_file_is_silent(tuning_file, tmp_path):
+    tuning_file(None)
+    with env(COLLECTIVES_TUNING=str(tmp_path / "absent.json"), COLLECTIVES_TIMEOUT=30):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert _auto_choice(2, 256) == _cost_model_choice(2, 256)
+
+
+def test_corrupt_tuning_file_read_by_many_threads_warns_once(tuning_file):
+    where = tuning_file(CORRUPT["truncated json"])
+    barrier = threading.Barrier(6)
+    with env(COLLECTIVES_TUNING=where):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+
+            def look():
+                barrier.wait()
+                tuning.lookup(2, 64, np.dtype(np.float32))
+
+            threads = [threading.Thread(target=look) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    assert len([w for w in caught if where in str(w.message)]) == 1
