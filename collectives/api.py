@@ -96,10 +96,12 @@ def _as_array(buf, name):
     return np.asarray(buf)
 
 
-def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what):
-    tmp = _scratch(comm, backend, flat_out.dtype, plan.tmp_count)
-    sync = backend.synchronize if backend.is_device else None
+def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, fast=None):
     try:
+        if fast is not None and fast(comm, flat_in, flat_out, reduce_fn, final_fn):
+            return
+        tmp = _scratch(comm, backend, flat_out.dtype, plan.tmp_count)
+        sync = backend.synchronize if backend.is_device else None
         execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync)
     except CollectiveError as exc:
         comm.on_failure(exc)  # under MPI: abort the job unless COLLECTIVES_ON_ERROR=raise
@@ -135,7 +137,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
             and "COLLECTIVES_ALGO" not in _environ and "COLLECTIVES_CHECK" not in _environ:
         hit = _fast.get((id(comm), algorithm, op, sendbuf.dtype, sendbuf.size))
         if hit is not None and hit[0] is comm:
-            _, ours, plan, reduce_fn, final_fn, what = hit
+            _, ours, plan, reduce_fn, final_fn, what, fast = hit
             flat_in = sendbuf.reshape(-1)
             if recvbuf is None:
                 result = np.empty(sendbuf.shape, sendbuf.dtype)
@@ -149,7 +151,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
             else:
                 result = None
             if result is not None:
-                _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what)
+                _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what, fast)
                 return result
     return _allreduce(sendbuf, recvbuf, op, algorithm, comm, options)
 
@@ -188,30 +190,32 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
         from .check import agree
         agree(comm, "allreduce", name, op, dtype, count, params)
     what = f"allreduce({name})"
+    fast = getattr(module, "run", None) if backend is NUMPY else None
     if not options and backend is NUMPY and not config.check_enabled() and config.forced_algorithm() is None:
         if len(_fast) > 1024:
             _fast.clear()
-        _fast[(id(user_comm), algorithm, op, dtype, count)] = (user_comm, comm, plan, reduce_fn, final_fn, what)
+        _fast[(id(user_comm), algorithm, op, dtype, count)] = (user_comm, comm, plan, reduce_fn, final_fn, what,
+                                                               fast)
 
     if in_place:
         if backend.is_contiguous(sendbuf):
             flat = sendbuf.reshape(-1)
-            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what)
+            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, fast)
         else:
             flat = backend.flat_contiguous(sendbuf).copy()
-            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what)
+            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, fast)
             backend.copyto(sendbuf, flat.reshape(sendbuf.shape))
         return sendbuf
     flat_in = backend.flat_contiguous(sendbuf)
     if recvbuf is None:
         result = backend.empty(count, dtype)
-        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what)
+        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, fast)
         return result.reshape(sendbuf.shape)
     if backend.is_contiguous(recvbuf) and not backend.xp.may_share_memory(recvbuf, sendbuf):
-        _run(plan, comm, backend, flat_in, recvbuf.reshape(-1), reduce_fn, final_fn, what)
+        _run(plan, comm, backend, flat_in, recvbuf.reshape(-1), reduce_fn, final_fn, what, fast)
     else:  # a strided or overlapping recvbuf: reduce into a fresh buffer, then copy
         result = backend.empty(count, dtype)
-        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what)
+        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, fast)
         backend.copyto(recvbuf, result.reshape(recvbuf.shape))
     return recvbuf
 

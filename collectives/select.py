@@ -31,7 +31,7 @@ def cost_choice(size, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, candidates=No
 
 
 def choose(comm, nbytes, dtype):
-    key = (comm.size, nbytes, dtype)
+    key = (comm.size, nbytes, dtype, getattr(comm, "mpi_comm", None) is not None)
     hit = _choices.get(key)
     if hit is None:
         from . import tuning
@@ -40,7 +40,9 @@ def choose(comm, nbytes, dtype):
         if table_choice is not None:
             hit = (table_choice, "tuning table")
         else:
-            name, costs = cost_choice(comm.size, nbytes)
+            # shm is left to the tuning table: measured here it trails the ring (see RESULTS.md)
+            candidates = [n for n in _algorithms.names() if n != "shm"]
+            name, costs = cost_choice(comm.size, nbytes, candidates=candidates)
             hit = (name, f"cost model ({costs[name] * 1e6:.1f} us predicted)")
         if len(_choices) > 4096:
             _choices.clear()

@@ -3,7 +3,10 @@
 A module provides ``NAME``, ``OPTIONS`` (name -> Option), ``build(rank, size,
 count, itemsize, **params) -> Plan`` and ``cost(p, nbytes, alpha, beta, gamma,
 **options)``; optionally ``resolve(options, comm)`` (options that need the
-communicator, such as node groups) and ``check(options, size)``. Registering
+communicator, such as node groups), ``check(options, size)``, and
+``run(comm, inbuf, outbuf, reduce_fn, final_fn)``: a transport-specific fast path
+(shared memory) that moves the same data as the plan and returns False where it
+does not apply. Registering
 an algorithm is adding its module name to ``_MODULES``; the test sweep and
 the benchmark pick it up from ``collectives.algorithms()``.
 """
@@ -13,7 +16,7 @@ import threading
 from ._options import normalize
 
 _MODULES = ["ring", "tree", "double_binary_tree", "recursive_doubling", "rabenseifner",
-            "hierarchical_copy", "reduce_to_one"]
+            "hierarchical_copy", "reduce_to_one", "shm"]
 _REGISTRY = {}
 _lock = threading.Lock()
 _loaded = False
