@@ -45,14 +45,14 @@ def build(rank, size, count, itemsize=1):
         if peer != rank:
             b.send(peer, IN, bounds[peer], bounds[peer + 1])
             b.recv(peer, TMP, slots[peer], slots[peer] + width)
-    operands = [(IN, lo) if peer == rank else (TMP, slots[peer]) for peer in range(size)]
-    if size == 1:
+    # own contribution first (IN may be OUT, in place), then the others in rank order
+    others = [peer for peer in range(size) if peer != rank]
+    if not others:
         b.copy(OUT, lo, IN, lo, width)
     else:
-        (a, alo), (c, clo) = operands[0], operands[1]
-        b.reduce(OUT, lo, a, alo, c, clo, width)
-        for c, clo in operands[2:]:
-            b.reduce(OUT, lo, OUT, lo, c, clo, width)
+        b.reduce(OUT, lo, IN, lo, TMP, slots[others[0]], width)
+        for peer in others[1:]:
+            b.reduce(OUT, lo, OUT, lo, TMP, slots[peer], width)
     b.final(OUT, lo, width)
     # all-gather: the finished block goes to every other rank
     b.step()
@@ -137,8 +137,9 @@ def run(comm, inbuf, outbuf, reduce_fn, final_fn):
     _sync(comm, window)
     # reduce-scatter: my block from every rank's window, in rank order
     block = outbuf[lo:hi]
-    reduce_fn(views[0][lo:hi], views[1][lo:hi], out=block)
-    for peer in range(2, comm.size):
+    others = [peer for peer in range(comm.size) if peer != comm.rank]
+    reduce_fn(views[comm.rank][lo:hi], views[others[0]][lo:hi], out=block)  # same order as the plan
+    for peer in others[1:]:
         reduce_fn(block, views[peer][lo:hi], out=block)
     if final_fn is not None:
         final_fn(block)
