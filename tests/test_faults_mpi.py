@@ -142,3 +142,10 @@ def test_rank_killed_midway_ends_the_job(n):
     assert_failed_loudly(code, out, seconds)
     timed_out = re.search(r"CollectiveTimeout: .*no message from rank 1", out) and ABORT in out
     assert KILLED.search(out) or timed_out, f"neither MPICH's report of the killed rank nor a timeout\n{out}"
+
+
+@pytest.mark.skipif("shm" not in collectives.algorithms(), reason="no shm algorithm registered")
+def test_rank_that_never_calls_shm_times_out_in_the_barrier_naming_it():
+    # the shared-memory path synchronises through barriers: their timeout names the rank too
+    code, out, seconds = launch("never_calls", 3, algorithm="shm")
+    assert_failed_loudly(code, out, seconds, ABORT, r"CollectiveTimeout: .*no message from rank 1 after 2 s")
