@@ -26,6 +26,12 @@ _testall = MPI.Request.Testall
 _waitall = MPI.Request.Waitall
 
 
+def _timeout(what, silent, limit):
+    """The error for a wait that ran out: names the call and the ranks not heard from."""
+    return CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
+                             f"{', '.join(map(str, silent))} after {limit:g} s")
+
+
 def _message(buf):
     if hasattr(buf, "__cuda_array_interface__"):  # CUDA-aware MPI takes device memory as is
         return [buf, buf.nbytes, MPI.BYTE]
@@ -96,8 +102,7 @@ class MPIComm(Communicator):
             if now > deadline:
                 silent = sorted({r.peer for r, m in zip(requests, mpi_reqs) if m and r.is_recv}
                                 or {r.peer for r, m in zip(requests, mpi_reqs) if m})
-                raise CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
-                                        f"{', '.join(map(str, silent))} after {limit:g} s")
+                raise _timeout(what, silent, limit)
             if now - start > _SPIN_BEFORE_YIELD:
                 os.sched_yield()
 
@@ -148,8 +153,7 @@ class MPIComm(Communicator):
                 peers = [peer for peer, _, _ in recvs] + [peer for peer, _, _ in sends]
                 pending = sorted({peer for peer, req in zip(peers, reqs) if req})
                 silent = sorted({peer for (peer, _, _), req in zip(recvs, reqs) if req}) or pending
-                raise CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
-                                        f"{', '.join(map(str, silent))} after {limit:g} s")
+                raise _timeout(what, silent, limit)
             if now - start > _SPIN_BEFORE_YIELD:
                 os.sched_yield()
 
@@ -208,8 +212,7 @@ class MPIComm(Communicator):
                 if now - start > limit:
                     silent = sorted({r.peer for r, m in zip(requests, mpi_reqs) if m and r.is_recv}
                                     or {r.peer for r, m in zip(requests, mpi_reqs) if m})
-                    raise CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
-                                            f"{', '.join(map(str, silent))} after {limit:g} s")
+                    raise _timeout(what, silent, limit)
                 if now - start > _SPIN_BEFORE_YIELD:
                     os.sched_yield()
         except MPI.Exception as exc:
