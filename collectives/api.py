@@ -5,7 +5,7 @@ listing the valid choices), finds or builds the cached plan for
 (algorithm, world, count, dtype size, options), binds the caller's buffers and
 the communicator's reusable scratch, and hands them to the executor.
 """
-import os
+
 from collections import OrderedDict
 
 import numpy as np
@@ -16,7 +16,7 @@ from . import config
 from .backend import NUMPY, backend_for
 from .comm.base import Communicator
 from .errors import CollectiveError
-from .executor import execute
+from .executor import Program, execute
 from .ops import OPS, check_op_dtype
 from .plan import block_bounds
 
@@ -62,6 +62,7 @@ def clear_caches():
     """Drop the cached plans and call shapes (scratch buffers live and die with their communicator)."""
     _plans.clear()
     _fast.clear()
+    _programs.clear()
 
 
 def _scratch(comm, backend, dtype, count):
@@ -108,6 +109,33 @@ def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, fast
         raise
 
 
+# Messages up to this many bytes run as prepared programs where the transport has them (MPI).
+PROGRAM_MAX_BYTES = 16 << 10
+_programs = OrderedDict()  # (id(comm), algorithm, op, dtype, count, params) -> (comm, Program)
+
+
+def _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what):
+    if not comm.prepares_steps or count * dtype.itemsize > PROGRAM_MAX_BYTES or getattr(module, "run", None):
+        return None
+    key = (id(comm), name, op, dtype, count, tuple(sorted(params.items())))
+    hit = _programs.get(key)
+    if hit is not None and hit[0] is comm:
+        return hit[1]
+    program = Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what)
+    _programs[key] = (comm, program)
+    if len(_programs) > _PLAN_CACHE_SIZE:
+        _programs.popitem(last=False)
+    return program
+
+
+def _run_program(program, comm, sendbuf, recvbuf):
+    try:
+        program(sendbuf, recvbuf)
+    except CollectiveError as exc:
+        comm.on_failure(exc)  # under MPI: abort the job unless COLLECTIVES_ON_ERROR=raise
+        raise
+
+
 def _select(name, comm, nbytes, dtype):
     forced = config.forced_algorithm()
     if forced is not None:
@@ -121,7 +149,7 @@ def _select(name, comm, nbytes, dtype):
 
 
 _fast = {}  # (id(comm), algorithm, op, dtype, count) -> what a repeated call needs
-_environ = os.environ
+_is_set = config.is_set
 
 
 def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, **options):
@@ -134,25 +162,42 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
     """
     # the short path: a call shape seen before, contiguous NumPy buffers, no options
     if not options and type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous \
-            and "COLLECTIVES_ALGO" not in _environ and "COLLECTIVES_CHECK" not in _environ:
+            and not _is_set("COLLECTIVES_ALGO") and not _is_set("COLLECTIVES_CHECK"):
         hit = _fast.get((id(comm), algorithm, op, sendbuf.dtype, sendbuf.size))
         if hit is not None and hit[0] is comm:
-            _, ours, plan, reduce_fn, final_fn, what, fast = hit
-            flat_in = sendbuf.reshape(-1)
-            if recvbuf is None:
-                result = np.empty(sendbuf.shape, sendbuf.dtype)
-                flat_out = result.reshape(-1)
-            elif recvbuf is sendbuf:
-                result, flat_out = sendbuf, flat_in
-            elif type(recvbuf) is np.ndarray and recvbuf.flags.c_contiguous and recvbuf.shape == sendbuf.shape \
-                    and recvbuf.dtype == sendbuf.dtype and not np.may_share_memory(recvbuf, sendbuf):
-                result = recvbuf
-                flat_out = recvbuf.reshape(-1)
+            _, ours, plan, reduce_fn, final_fn, what, fast, program = hit
+            if program is not None:  # small message: a prepared program copies in and out itself
+                if recvbuf is None:
+                    result = np.empty(sendbuf.shape, sendbuf.dtype)
+                elif type(recvbuf) is np.ndarray and recvbuf.shape == sendbuf.shape \
+                        and recvbuf.dtype == sendbuf.dtype and recvbuf.flags.c_contiguous:
+                    result = recvbuf
+                else:
+                    result = None
+                if result is not None:
+                    try:
+                        program(sendbuf, result)
+                    except CollectiveError as exc:
+                        ours.on_failure(exc)
+                        raise
+                    return result
             else:
-                result = None
-            if result is not None:
-                _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what, fast)
-                return result
+                flat_in = sendbuf.reshape(-1)
+                if recvbuf is None:
+                    result = np.empty(sendbuf.shape, sendbuf.dtype)
+                    flat_out = result.reshape(-1)
+                elif recvbuf is sendbuf:
+                    result, flat_out = sendbuf, flat_in
+                elif type(recvbuf) is np.ndarray and recvbuf.flags.c_contiguous \
+                        and recvbuf.shape == sendbuf.shape and recvbuf.dtype == sendbuf.dtype \
+                        and not np.may_share_memory(recvbuf, sendbuf):
+                    result = recvbuf
+                    flat_out = recvbuf.reshape(-1)
+                else:
+                    result = None
+                if result is not None:
+                    _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what, fast)
+                    return result
     return _allreduce(sendbuf, recvbuf, op, algorithm, comm, options)
 
 
@@ -191,11 +236,24 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
         agree(comm, "allreduce", name, op, dtype, count, params)
     what = f"allreduce({name})"
     fast = getattr(module, "run", None) if backend is NUMPY else None
+    program = _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what) \
+        if backend is NUMPY else None
     if not options and backend is NUMPY and not config.check_enabled() and config.forced_algorithm() is None:
         if len(_fast) > 1024:
             _fast.clear()
         _fast[(id(user_comm), algorithm, op, dtype, count)] = (user_comm, comm, plan, reduce_fn, final_fn, what,
-                                                               fast)
+                                                               fast, program)
+    if program is not None:
+        source = sendbuf if backend.is_contiguous(sendbuf) else backend.flat_contiguous(sendbuf)
+        if recvbuf is None:
+            result = backend.empty(count, dtype)
+            _run_program(program, comm, source, result)
+            return result.reshape(sendbuf.shape)
+        target = recvbuf if backend.is_contiguous(recvbuf) else backend.empty(count, dtype)
+        _run_program(program, comm, source if target is not recvbuf or not in_place else target, target)
+        if target is not recvbuf:
+            backend.copyto(recvbuf, target.reshape(recvbuf.shape))
+        return recvbuf
 
     if in_place:
         if backend.is_contiguous(sendbuf):
@@ -277,6 +335,9 @@ def allgather(sendbuf, *, comm=None, algorithm="ring"):
     if sendbuf.dtype not in set(_dtypes()):
         check_op_dtype("sum", sendbuf.dtype)
     comm = as_comm(comm)
+    # blocks may differ in size by design: the check compares call, algorithm and dtype
+    # (count 0 on every rank), before the count exchange moves anything
+    maybe_check(comm, "allgather", algorithm, "sum", sendbuf.dtype, 0, {})
     counts = _exchange_counts(comm, sendbuf.size)
     bounds = [0]
     for c in counts:

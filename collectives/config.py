@@ -3,10 +3,27 @@ import os
 
 DEFAULT_TIMEOUT = 300.0
 
+# os.environ encodes every key on each lookup; its backing dict (bytes keys on POSIX) answers
+# the hot-path questions in a few tens of nanoseconds, and still sees every os.environ change.
+_data = getattr(os.environ, "_data", None)
+if os.name == "posix" and isinstance(_data, dict):
+    def is_set(name, _data=_data):
+        """Whether environment variable ``name`` is set (cheap enough for every call)."""
+        return name.encode() in _data if name not in _KEYS else _KEYS[name] in _data
+else:  # pragma: no cover - other platforms
+    def is_set(name):
+        return name in os.environ
+_KEYS = {name: name.encode() for name in ("COLLECTIVES_ALGO", "COLLECTIVES_CHECK", "COLLECTIVES_TIMEOUT")}
+_timeout_cache = [None, DEFAULT_TIMEOUT]
+
 
 def timeout():
     """COLLECTIVES_TIMEOUT in seconds (default 300); 0 disables the bound."""
+    if not is_set("COLLECTIVES_TIMEOUT"):
+        return DEFAULT_TIMEOUT
     raw = os.environ.get("COLLECTIVES_TIMEOUT")
+    if raw == _timeout_cache[0]:
+        return _timeout_cache[1]
     if raw is None or raw == "":
         return DEFAULT_TIMEOUT
     try:
@@ -15,6 +32,7 @@ def timeout():
         raise ValueError(f"COLLECTIVES_TIMEOUT must be a number of seconds, got {raw!r}") from None
     if value < 0:
         raise ValueError(f"COLLECTIVES_TIMEOUT must be >= 0, got {raw!r}")
+    _timeout_cache[:] = [raw, value]
     return value
 
 

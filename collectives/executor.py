@@ -1,4 +1,6 @@
 """The executor: runs one rank's plan over a communicator, on NumPy or CuPy arrays."""
+from functools import partial
+
 from .plan import COPY, FINAL, IN, OUT, REDUCE, NCHANNELS
 
 
@@ -53,3 +55,81 @@ def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=N
                 final_fn(bufs[buf][lo:lo + n])
     if sync is not None:
         sync()
+
+
+class Program:
+    """A plan bound once to fixed buffers, for small messages, where per-call overhead is the
+    cost: the transport prepares each step's message specs once (``comm.prepare``), and local
+    operations are pre-sliced ufunc calls, so a call does no slicing and builds no plan data.
+
+    A call copies the caller's data into a work buffer, runs the plan in place on it (IN and
+    OUT both name the work buffer) and copies the result out; a pair of caller buffers seen
+    twice in a row gets a second binding straight onto them, with no copies. Tags come from
+    ``comm.next_tag()`` per call, exactly as in ``execute``, so successive calls never mix.
+    """
+
+    def __init__(self, plan, comm, backend, dtype, count, reduce_fn, final_fn, what):
+        self.plan, self.comm, self.reduce_fn, self.final_fn, self.what = plan, comm, reduce_fn, final_fn, what
+        self.work = work = backend.empty(max(count, 1), dtype)[:count]
+        self.tmp = backend.empty(max(plan.tmp_count, 1), dtype)
+        self.copyto = backend.copyto if backend.is_device else getattr(backend.xp, "copyto", backend.copyto)
+        self.xp = backend.xp
+        self.tagbox = [0]
+        self.calls = self._bind(work, work)
+        self.bound = None  # (sendbuf, recvbuf, calls) bound to a caller's buffers
+        self.last = None  # the caller's buffers of the previous call
+
+    def _bind(self, inbuf, outbuf):
+        bufs = (inbuf, outbuf, self.tmp)
+        in_place = inbuf is outbuf
+        steps = self.plan.steps
+        calls = []
+        for index, (sends, recvs, local) in enumerate(steps):
+            if sends or recvs:
+                calls.append(self.comm.prepare(
+                    [(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in sends],
+                    [(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in recvs],
+                    self.tagbox, StepName(self.what, index, len(steps))))
+            for op in local:
+                kind = op[0]
+                if kind == REDUCE:
+                    _, dst, dlo, a, alo, b, blo, n = op
+                    calls.append(partial(self.reduce_fn, bufs[a][alo:alo + n], bufs[b][blo:blo + n],
+                                         out=bufs[dst][dlo:dlo + n]))
+                elif kind == COPY:
+                    _, dst, dlo, src, slo, n = op
+                    if not (in_place and dlo == slo and {dst, src} <= {IN, OUT}):
+                        calls.append(partial(self.copyto, bufs[dst][dlo:dlo + n], bufs[src][slo:slo + n]))
+                elif kind == FINAL and self.final_fn is not None:
+                    _, buf, lo, n = op
+                    calls.append(partial(self.final_fn, bufs[buf][lo:lo + n]))
+        return calls
+
+    def __call__(self, sendbuf, recvbuf):
+        """Run on the caller's contiguous arrays (``recvbuf`` may be ``sendbuf``: in place)."""
+        self.tagbox[0] = self.comm.next_tag() * NCHANNELS
+        bound = self.bound
+        if bound is not None and bound[0] is sendbuf and bound[1] is recvbuf:
+            for call in bound[2]:
+                call()
+            return
+        last = self.last
+        if last is not None and last[0] is sendbuf and last[1] is recvbuf and self._rebind(sendbuf, recvbuf):
+            for call in self.bound[2]:
+                call()
+            return
+        self.last = (sendbuf, recvbuf)
+        work = self.work
+        self.copyto(work, sendbuf.reshape(-1))
+        for call in self.calls:
+            call()
+        self.copyto(recvbuf.reshape(-1), work)
+
+    def _rebind(self, sendbuf, recvbuf):
+        """Bind to the caller's buffers; False (stay on the work buffer) if they partly overlap."""
+        if recvbuf is not sendbuf and self.xp.may_share_memory(sendbuf, recvbuf):
+            return False
+        flat_in = sendbuf.reshape(-1)
+        flat_out = flat_in if recvbuf is sendbuf else recvbuf.reshape(-1)
+        self.bound = (sendbuf, recvbuf, self._bind(flat_in, flat_out))
+        return True

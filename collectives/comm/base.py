@@ -75,6 +75,13 @@ class Communicator:
         reqs += [self.isend(buf, peer, tag + chan) for peer, buf, chan in sends]
         self.waitall(reqs, what)
 
+    # prepared steps (the small-message programs of executor.Program)
+    prepares_steps = False  # True where a prepared step is cheaper to rerun than exchange()
+
+    def prepare(self, sends, recvs, tagbox, what):
+        """One step bound to fixed buffers, as a callable that runs it with tag ``tagbox[0]``."""
+        return lambda: self.exchange(sends, recvs, tagbox[0], what)
+
 
 def check_received(peer, expected, got, what):
     if got != expected:

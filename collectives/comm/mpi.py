@@ -24,6 +24,7 @@ _cuda = None  # .cuda, imported when the first device buffer is seen
 _BYTE = MPI.BYTE
 _testall = MPI.Request.Testall
 _waitall = MPI.Request.Waitall
+_QUICK_SPINS = 64  # polls of a prepared step before the deadline-keeping poll loop takes over
 
 
 def _timeout(what, silent, limit):
@@ -139,6 +140,16 @@ class MPIComm(Communicator):
             got = statuses[index].Get_count(_BYTE)
             if got != buf.nbytes:
                 check_received(peer, buf.nbytes, got, what)
+
+    prepares_steps = True
+
+    def prepare(self, sends, recvs, tagbox, what):
+        """One step on fixed host buffers with its message specs built once: rerunning it
+        posts the requests with tag ``tagbox[0]`` and polls, with the same bounded wait and
+        size checks as exchange()."""
+        if any(not isinstance(buf, _ndarray) for _, buf, _ in list(sends) + list(recvs)):
+            return super().prepare(sends, recvs, tagbox, what)
+        return _PreparedStep(self, sends, recvs, tagbox, what)
 
     @staticmethod
     def _poll_step(reqs, statuses, recvs, sends, limit, what):
@@ -271,6 +282,43 @@ class MPIComm(Communicator):
             self.mpi_comm.Allgather(leader, colors)
             self._node_colors = tuple(int(c) for c in colors)
         return self._node_colors
+
+
+class _PreparedStep:
+    __slots__ = ("comm", "recv_specs", "send_specs", "statuses", "tagbox", "recvs", "sends", "what",
+                 "sizes")
+
+    def __init__(self, comm, sends, recvs, tagbox, what):
+        self.recv_specs = [([buf, _BYTE], peer, chan) for peer, buf, chan in recvs]
+        self.send_specs = [([buf, _BYTE], peer, chan) for peer, buf, chan in sends]
+        self.sizes = [(index, peer, buf.nbytes) for index, (peer, buf, _) in enumerate(recvs)]
+        self.statuses = [MPI.Status() for _ in range(len(recvs) + len(sends))]
+        self.comm, self.tagbox, self.recvs, self.sends, self.what = comm.mpi_comm, tagbox, recvs, sends, what
+
+    def __call__(self):
+        comm, tag, statuses = self.comm, self.tagbox[0], self.statuses
+        reqs = [comm.Irecv(spec, peer, tag + chan) for spec, peer, chan in self.recv_specs]
+        reqs += [comm.Isend(spec, peer, tag + chan) for spec, peer, chan in self.send_specs]
+        try:
+            for _ in range(_QUICK_SPINS):
+                if _testall(reqs, statuses):
+                    break
+            else:
+                limit = config.timeout()
+                if not limit:
+                    _waitall(reqs, statuses)
+                else:
+                    MPIComm._poll_step(reqs, statuses, self.recvs, self.sends, limit, self.what)
+        except MPI.Exception as exc:
+            if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
+                peers = ", ".join(str(peer) for peer, _, _ in self.recvs)
+                raise MismatchError(f"{self.what}: a message from rank(s) {peers} is longer than expected "
+                                    f"(ranks disagree on count, dtype or algorithm)") from None
+            raise
+        for index, peer, nbytes in self.sizes:
+            got = statuses[index].Get_count(_BYTE)
+            if got != nbytes:
+                check_received(peer, nbytes, got, self.what)
 
 
 class _Req:
