@@ -63,6 +63,8 @@ def lookup(size, nbytes, dtype):
     if not table:
         return None
     rows = table.get((size, str(dtype))) or table.get((size, "*"))
+    if not rows:  # tuned for another dtype at this world size: the choice follows the bytes
+        rows = [row for (s, _), found in sorted(table.items()) if s == size for row in found]
     if not rows:
         return None
     from .algorithms import names

@@ -1,0 +1,176 @@
+"""Measure every algorithm over a size sweep and write the tuning table that ``algorithm="auto"`` reads.
+
+Run under mpiexec, on the machine and world size you will use:
+
+    mpiexec -n 4 python -m collectives.tune                 # 8 B .. 64 MiB, float32
+    mpiexec -n 4 python -m collectives.tune -b 8 -e 16M -f 4 -d float32,float64 -o tuning.json
+
+Per (message size, dtype) every algorithm runs interleaved with the others, round by round;
+a round times enough calls to last about ``--round-ms`` (the slowest rank's time counts) and
+the median round decides. The fastest algorithm becomes that size's entry. The table goes to
+``-o FILE``, else to ``COLLECTIVES_TUNING``, else to ``~/.cache/collectives/tuning.json``;
+entries for other world sizes or dtypes already in the file are kept, so one file can hold
+tables for several world sizes. Only rank 0 writes (atomically: a temporary file, then a rename).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import tuning
+from .algorithms import names as _algorithm_names
+
+FORMAT = "collectives-tuning-1"
+
+
+def parse_size(text):
+    text = str(text).strip().upper().rstrip("B")
+    scale = 1
+    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if text.endswith(suffix):
+            text, scale = text[:-1], factor
+    return int(float(text) * scale)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m collectives.tune", description=__doc__.split("\n")[0])
+    p.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20)
+    p.add_argument("-f", "--stepfactor", type=float, default=4)
+    p.add_argument("-d", "--datatypes", default="float32", help="comma list of dtypes to tune")
+    p.add_argument("-a", "--algorithms", default="all", help="comma list, or 'all' (every registered one)")
+    p.add_argument("-r", "--rounds", type=int, default=5, help="interleaved rounds per size; the median counts")
+    p.add_argument("--round-ms", type=float, default=20.0, help="target length of one timed round")
+    p.add_argument("-o", "--output", help="tuning file to write (default: COLLECTIVES_TUNING or the cache)")
+    p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    args = p.parse_args(argv)
+    if args.stepfactor <= 1:
+        p.error("-f must be > 1")
+    if args.minbytes < 1 or args.maxbytes < args.minbytes:
+        p.error("need 1 <= -b <= -e")
+    if args.rounds < 1:
+        p.error("-r must be >= 1")
+    known = _algorithm_names()
+    args.algorithms = known if args.algorithms == "all" else [a for a in args.algorithms.split(",") if a]
+    unknown = [a for a in args.algorithms if a not in known]
+    if unknown:
+        p.error(f"unknown algorithm(s) {', '.join(unknown)}; valid: {', '.join(known)}")
+    try:
+        args.datatypes = [np.dtype(d) for d in args.datatypes.split(",") if d]
+    except TypeError as exc:
+        p.error(str(exc))
+    return args
+
+
+def sizes(lo, hi, factor):
+    out, n = [], lo
+    while n <= hi:
+        out.append(int(n))
+        n = max(int(n * factor), int(n) + 1)
+    return out
+
+
+def measure(comm, algorithm, sendbuf, recvbuf, iters):
+    """Seconds per call on the slowest rank, ``iters`` back-to-back calls after a barrier."""
+    import collectives
+    from mpi4py import MPI
+
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        collectives.allreduce(sendbuf, recvbuf, algorithm=algorithm, comm=comm)
+    elapsed = np.array([(time.perf_counter() - start) / iters])
+    comm.Allreduce(MPI.IN_PLACE, elapsed, op=MPI.MAX)
+    return float(elapsed[0])
+
+
+def tune(comm, args, log=print):
+    """Measure; return the new entries (every rank gets the same list)."""
+    entries = []
+    root = comm.rank == 0
+    for dtype in args.datatypes:
+        itemsize = dtype.itemsize
+        if root:
+            log(f"# {comm.size} ranks, {dtype}: median of {args.rounds} interleaved rounds, time per call in us")
+            log("#" + "".join(f"{name[:12]:>13}" for name in ["bytes"] + list(args.algorithms)) + "  best")
+        for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor):
+            count = max(1, nbytes // itemsize)
+            rng = np.random.default_rng(comm.rank)
+            sendbuf = (rng.integers(0, 8, count) if dtype.kind in "iub" else rng.random(count)).astype(dtype)
+            recvbuf = np.empty_like(sendbuf)
+            iters = {}
+            for name in args.algorithms:  # warm up (plans, scratch), and size each round
+                once = measure(comm, name, sendbuf, recvbuf, 1)
+                iters[name] = max(1, min(10000, int(args.round_ms * 1e-3 / max(once, 1e-7))))
+            times = {name: [] for name in args.algorithms}
+            for _ in range(args.rounds):
+                for name in args.algorithms:
+                    times[name].append(measure(comm, name, sendbuf, recvbuf, iters[name]))
+            median = {name: float(np.median(t)) for name, t in times.items()}
+            best = min(median, key=median.get)
+            entries.append({"size": comm.size, "dtype": str(dtype), "nbytes": count * itemsize,
+                            "algorithm": best, "times_us": {k: round(v * 1e6, 2) for k, v in median.items()}})
+            if root:
+                log(f" {count * itemsize:>12}" + "".join(f"{median[name] * 1e6:>13.1f}" for name in args.algorithms)
+                    + f"  {best}")
+    return entries
+
+
+def merge(path, entries):
+    """The file's entries for other (world size, dtype) pairs, plus ``entries``."""
+    replaced = {(e["size"], e["dtype"]) for e in entries}
+    kept = []
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                old = json.load(f)
+            if isinstance(old, dict) and old.get("format") == FORMAT and isinstance(old.get("entries"), list):
+                kept = [e for e in old["entries"]
+                        if isinstance(e, dict) and (e.get("size"), e.get("dtype")) not in replaced]
+        except (OSError, ValueError):
+            kept = []  # a corrupt file is replaced
+    return {"format": FORMAT, "entries": kept + entries}
+
+
+def write(path, table):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if os.environ.get("COLLECTIVES_ALGO"):
+        if comm.rank == 0:
+            print("collectives.tune: COLLECTIVES_ALGO is set, so every algorithm would run as "
+                  f"{os.environ['COLLECTIVES_ALGO']!r}; unset it to tune", file=sys.stderr)
+        return 2
+    if comm.size == 1 and comm.rank == 0:
+        print("# one rank: every algorithm is a local copy; run under mpiexec -n N to tune N ranks")
+    entries = tune(comm, args)
+    if comm.rank == 0:
+        if args.dry_run:
+            print("# --dry-run: nothing written")
+        else:
+            path = args.output or tuning.path()
+            write(path, merge(path, entries))
+            print(f"# wrote {len(entries)} entries for {comm.size} ranks to {path}")
+    tuning.reload()
+    from . import select
+
+    select.reset()
+    comm.Barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
