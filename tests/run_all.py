@@ -21,7 +21,40 @@ def mpiexec():
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
-def run(label, cmd, timeout, rank_prefix=None):
+# mpiexec -prepend-rank puts "[R] " before every chunk a rank writes, not only at line starts;
+# the ranks' chunks interleave, even within one line ("[1] 5 passed in 1.0s[0] 5 passed in 1.1s[1] ")
+RANK_CHUNK = re.compile(r"\[(\d+)\] ")
+PYTEST_SUMMARY = re.compile(r"((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s")
+
+
+def rank_output(output, rank):
+    """One rank's own output, rebuilt from its prefixed chunks wherever they fall in ``output``."""
+    parts = RANK_CHUNK.split(output)
+    return "".join(text for who, text in zip(parts[1::2], parts[2::2]) if int(who) == rank)
+
+
+def parse_counts(output, rank=None):
+    """passed/failed/skipped from the last pytest summary line of ``output`` (of ``rank``'s
+    output alone for a job run with -prepend-rank); zeros when there is none."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    lines = output.splitlines()
+    if rank is not None:
+        # the rank's own stream; then, should a rank's text look like a prefix ("SKIPPED [1] ..."),
+        # any "[R] <summary>" anywhere in a line
+        lines = rank_output(output, rank).splitlines()
+        lines = [m.group(1) for m in re.finditer(rf"\[{rank}\] ({PYTEST_SUMMARY.pattern})", output)] + lines
+    for line in reversed(lines):
+        match = PYTEST_SUMMARY.search(line)
+        if match and re.search(r"\d+ (passed|failed|error)", match.group(1)):
+            for number, kind in SUMMARY.findall(match.group(1)):
+                kind = {"error": "failed", "errors": "failed"}.get(kind, kind)
+                if kind in counts:
+                    counts[kind] += int(number)
+            break
+    return counts
+
+
+def run(label, cmd, timeout, rank=None):
     print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
     start = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -35,18 +68,7 @@ def run(label, cmd, timeout, rank_prefix=None):
         output += f"\n{label}: TIMED OUT after {timeout} s\n"
         code = 124
     sys.stdout.write(output)
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    lines = output.splitlines()
-    if rank_prefix is not None:
-        lines = [line[len(rank_prefix):] for line in lines if line.startswith(rank_prefix)]
-    for line in reversed(lines):
-        match = re.search(r"((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s", line)
-        if match and re.search(r"\d+ (passed|failed|error)", match.group(1)):
-            for number, kind in SUMMARY.findall(match.group(1)):
-                kind = {"error": "failed", "errors": "failed"}.get(kind, kind)
-                if kind in counts:
-                    counts[kind] += int(number)
-            break
+    counts = parse_counts(output, rank)
     if code != 0 and counts["failed"] == 0:
         counts["failed"] = 1  # a crash, an abort or a timeout counts as a failure
     print(f"=== {label}: exit {code}, {counts['passed']} passed, {counts['failed']} failed, "
@@ -67,13 +89,13 @@ def main(argv):
         for n in (1, 2, 3, 4):
             layers.append((f"mpiexec -n {n}", [launcher, "-prepend-rank", "-n", str(n), python, "-m", "mpi4py",
                                                 "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/mpi"],
-                           600, "[0] "))
+                           600, 0))
         if os.path.isdir(os.path.join(ROOT, "tests", "tf_mpi")):
             layers.append(("mpiexec -n 2 (TensorFlow)", [launcher, "-prepend-rank", "-n", "2", python, "-m",
                                                          "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                                         "tests/tf_mpi"], 900, "[0] "))
-    for label, cmd, timeout, prefix in layers:
-        counts = run(label, cmd, timeout, prefix)
+                                                         "tests/tf_mpi"], 900, 0))
+    for label, cmd, timeout, rank in layers:
+        counts = run(label, cmd, timeout, rank)
         for key in totals:
             totals[key] += counts[key]
     print(f"\nsummary: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")

@@ -107,3 +107,35 @@ def test_threaded_split_and_successive_calls_do_not_mix():
         for i in range(5):
             assert values[2 * i] == sum(m + i for m in members)
             assert values[2 * i + 1] == 5
+
+
+@pytest.mark.parametrize("field, call", [
+    # int32 and float32 blocks have the same size: without the check the bytes are gathered as is
+    ("dtype", lambda c: collectives.allgather(np.ones(4, np.int32 if c.rank == 2 else np.float32), comm=c)),
+    ("algorithm", lambda c: collectives.allgather(np.ones(4), comm=c,
+                                                  algorithm="recursive_doubling" if c.rank == 2 else "ring")),
+    ("call", lambda c: (collectives.allgather if c.rank == 2 else collectives.reduce_scatter)(np.ones(4), comm=c)),
+])
+def test_check_covers_allgather(monkeypatch, field, call):
+    monkeypatch.setenv("COLLECTIVES_CHECK", "1")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "10")
+
+    def body(comm):
+        try:
+            call(comm)
+        except collectives.MismatchError as exc:
+            return str(exc)
+        return None
+
+    messages = collectives.run_threaded(4, body)
+    assert all(m is not None for m in messages), f"a rank did not raise: {messages}"
+    assert len(set(messages)) == 1, messages
+    assert f"ranks disagree on {field} (ranks 2 differ from rank 0)" in messages[0], messages[0]
+
+
+def test_check_lets_allgather_blocks_differ_in_size(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_CHECK", "1")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "10")
+    results = collectives.run_threaded(
+        3, lambda c: collectives.allgather(np.full(c.rank + 1, c.rank, np.int64), comm=c))
+    assert all(r.tolist() == [0, 1, 1, 2, 2, 2] for r in results), results

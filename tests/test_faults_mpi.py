@@ -67,19 +67,38 @@ def test_control_case_succeeds_on_every_rank():
 
 
 # mismatched count/dtype, no COLLECTIVES_CHECK: the message-size check catches it mid-call,
-# the detecting rank prints the error and aborts the job
-_KNOWN = {"shm": "shared-memory fast path reads peers' windows without comparing counts: wrong result, "
-                 "no MismatchError (collectives/algorithms/shm.py)"}
+# the detecting rank prints the error and aborts the job; shm's shared-memory path compares
+# the headers every rank publishes before its data and names the field instead
+def _mismatch_pattern(algorithm, field="count"):
+    if algorithm == "shm":
+        return rf"MismatchError: allreduce\(shm\): ranks disagree on {field} \(ranks 1 differ from rank 0\)"
+    return rf"MismatchError: allreduce\({algorithm}\) step \d+/\d+: (a )?message from rank"
 
 
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("algorithm", [
-    pytest.param(a, marks=pytest.mark.xfail(reason=_KNOWN[a], strict=False)) if a in _KNOWN else a
-    for a in collectives.algorithms()])
+@pytest.mark.parametrize("algorithm", collectives.algorithms())
 def test_mismatched_count_without_check_aborts(algorithm, n):
     code, out, seconds = launch("count", n, algorithm=algorithm)
-    assert_failed_loudly(code, out, seconds, ABORT,
-                         rf"MismatchError: allreduce\({algorithm}\) step \d+/\d+: (a )?message from rank")
+    assert_failed_loudly(code, out, seconds, ABORT, _mismatch_pattern(algorithm))
+
+
+@pytest.mark.skipif("shm" not in collectives.algorithms(), reason="no shm algorithm registered")
+@pytest.mark.parametrize("case, n, field, detail", [
+    ("count", 2, "count", "rank 0: 1000; rank 1: 1001"),
+    ("count", 3, "count", "ranks 0, 2: 1000; rank 1: 1001"),
+    ("dtype", 2, "dtype", "rank 0: float32; rank 1: float64"),
+    ("dtype_same", 3, "dtype", "ranks 0, 2: float32; rank 1: int32"),
+])
+def test_shm_mismatch_raises_the_same_error_on_every_rank_without_check(case, n, field, detail):
+    # no COLLECTIVES_CHECK: the shm headers catch even a same-size dtype mismatch, and every
+    # rank raises the same MismatchError at the same point (COLLECTIVES_ON_ERROR=raise)
+    code, out, seconds = launch(case, n, algorithm="shm", env={"COLLECTIVES_ON_ERROR": "raise"})
+    assert_failed_loudly(code, out, seconds)
+    for rank in range(n):
+        line = (f"SCENARIO-ERROR rank {rank}: MismatchError: allreduce(shm): ranks disagree on {field} "
+                f"(ranks 1 differ from rank 0): {detail}")
+        assert line in out, f"rank {rank} did not report {line!r}\n{out}"
+    assert "SCENARIO-BARRIER-TIMEOUT" not in out, out
 
 
 def test_mismatched_dtype_without_check_aborts():

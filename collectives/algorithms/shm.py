@@ -7,6 +7,11 @@ the result by reading block i of every rank's window in rank order, publishes
 the finished block, and copies the other ranks' finished blocks into its
 output. Two barriers a call; the window has two halves used in turn, so a
 fast rank's next call never overwrites memory a slow rank is still reading.
+A fixed-size header before the data (call sequence number, count, dtype, op)
+is published with it; after the first barrier every rank compares every
+header before reading any peer's data, so mismatched calls raise the same
+MismatchError on every rank instead of giving wrong results, and the window
+grows only once every rank agrees on the size (Allocate_shared is collective).
 
 The plan (what the simulator, the threaded world and communicators without
 shared memory run) moves the same data with messages, in two steps: block j
@@ -19,14 +24,19 @@ writes N (publish) + N/n and reads N + (n-1)/n N, with no MPI copies.
 Cost: as messages 2(n-1) alpha + 2(n-1)/n N beta + (n-1)/n N gamma; on a node,
 about 2 barriers + (2N + 2N(n-1)/n) / memory bandwidth + N/n n gamma.
 Limits: one node only (the fast path needs every rank in one shared-memory
-domain; otherwise the message plan runs); the window holds 2N bytes per rank.
+domain; otherwise the message plan runs); the window holds 2N bytes (at least
+128 KiB) and a 64-byte header per rank.
 Reference: MPI-3.1 standard, section 11.2.3 (Win.Allocate_shared); the
 "one-shot/two-shot" all-reduce of Jocksch et al., "Optimised all-to-all
 communication on multicore architectures applied to FFTs" (2020) and NCCL's
 intra-node LL protocols work the same way.
 """
+import zlib
+
 import numpy as np
 
+from ..errors import MismatchError
+from ..ops import DTYPES, OPS
 from ..plan import IN, OUT, TMP, PlanBuilder, block_bounds
 
 NAME = "shm"
@@ -78,6 +88,18 @@ def shared_cost(p, nbytes, alpha, beta_mem, gamma):
 
 
 # the shared-memory fast path ----------------------------------------------------------------
+# Each rank's segment starts with a fixed-size header, written before the data and read by
+# every rank after the first barrier, before any peer's data is read: (call sequence number,
+# count, dtype code, op code). Every rank reads the same headers, so when they differ every
+# rank raises the same MismatchError at the same point and none is left waiting. The window's
+# capacity is the same on every rank (a fixed first size, then grown only once the headers
+# agree), so every rank decides to reallocate together and Allocate_shared stays collective.
+_HEADER = 64  # bytes: 8 int64 slots, keeps the data halves 64-byte aligned
+_FIELDS = ("call sequence", "op", "dtype", "count")  # the slots, in the order differences are named
+_SEQ, _OP, _DTYPE, _COUNT = range(4)
+_FIRST_CAPACITY = 1 << 16  # bytes per half of the first window, whatever the first call's count
+
+
 def available(comm):
     """True when ``comm`` is an MPI communicator whose ranks all share one node."""
     if getattr(comm, "mpi_comm", None) is None or comm.size == 1:
@@ -87,25 +109,29 @@ def available(comm):
 
 
 class _Window:
-    def __init__(self, comm, nbytes):
+    def __init__(self, comm, nbytes, seq=0):
         from mpi4py import MPI
 
-        self.nbytes = nbytes
-        self.win = MPI.Win.Allocate_shared(2 * nbytes, 1, comm=comm.mpi_comm)
+        self.nbytes = nbytes  # capacity of each half, the same on every rank
+        self.seq = seq
+        total = _HEADER + 2 * nbytes
+        self.win = MPI.Win.Allocate_shared(total, 1, comm=comm.mpi_comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)
-        self.segments = []
+        self.segments, self.headers = [], []
         for peer in range(comm.size):
             memory, _ = self.win.Shared_query(peer)
-            self.segments.append(np.frombuffer(memory, dtype=np.uint8, count=2 * nbytes))
-        self.parity = 0
+            segment = np.frombuffer(memory, dtype=np.uint8, count=total)
+            self.headers.append(memoryview(segment[:_HEADER]).cast("q"))
+            self.segments.append(segment[_HEADER:])
+        self.header = self.headers[comm.rank]
 
-    def views(self, dtype, count):
-        half = self.parity * self.nbytes
-        self.parity ^= 1
+    def views(self, dtype, count, parity):
+        half = parity * self.nbytes
         n = count * dtype.itemsize
         return [seg[half:half + n].view(dtype) for seg in self.segments]
 
     def free(self):
+        self.segments = self.headers = self.header = None
         self.win.Unlock_all()
         self.win.Free()
 
@@ -116,29 +142,100 @@ def _sync(comm, window):
     window.win.Sync()
 
 
+_dtype_codes = {}
+_op_codes = {}
+_codes = {}  # (dtype, reduce ufunc, no final step) -> (dtype code, op code)
+
+
+def _dtype_code(dtype):
+    code = _dtype_codes.get(dtype)
+    if code is None:
+        code = _dtype_codes[dtype] = DTYPES.index(dtype) if dtype in DTYPES else 1000 + dtype.num
+    return code
+
+
+def _op_code(reduce_fn, final_fn):
+    key = (reduce_fn, final_fn is None)
+    code = _op_codes.get(key)
+    if code is None:  # the ufunc's name, and whether a final step follows (avg = add, then divide)
+        name = getattr(reduce_fn, "__name__", repr(reduce_fn))
+        code = _op_codes[key] = zlib.crc32(name.encode()) << 1 | (final_fn is not None)
+    return code
+
+
+def _show(field, value):
+    if field == "dtype":
+        if 0 <= value < len(DTYPES):
+            return str(DTYPES[value])
+        return f"dtype #{value - 1000}"
+    if field == "op":
+        for op, ufunc in OPS.items():
+            if zlib.crc32(ufunc.encode()) == value >> 1 and (op == "avg") == bool(value & 1):
+                return op
+        return f"#{value:08x}"
+    return str(value)
+
+
+def _mismatch(headers):
+    """The MismatchError for headers that differ: the same text on every rank."""
+    table = [[int(h[slot]) for slot in range(len(_FIELDS))] for h in headers]
+    for slot in (_SEQ, _OP, _DTYPE, _COUNT):
+        field = _FIELDS[slot]
+        values = [row[slot] for row in table]
+        if any(v != values[0] for v in values):
+            groups = {}
+            for rank, v in enumerate(values):
+                groups.setdefault(v, []).append(rank)
+            detail = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {_show(field, v)}"
+                               for v, r in groups.items())
+            differ = ", ".join(str(r) for r, v in enumerate(values) if v != values[0])
+            return MismatchError(f"allreduce({NAME}): ranks disagree on {field} (ranks {differ} differ from "
+                                 f"rank 0): {detail}")
+    return MismatchError(f"allreduce({NAME}): ranks disagree on the call")  # pragma: no cover
+
+
 def run(comm, inbuf, outbuf, reduce_fn, final_fn):
     """All-reduce through shared memory; ``outbuf`` may be ``inbuf``. Returns False when the
-    fast path does not apply (the caller then runs the plan)."""
+    fast path does not apply (the caller then runs the plan). Ranks that disagree on count,
+    dtype, op or call sequence all raise the same MismatchError before any peer data is read."""
     if not available(comm) or not isinstance(inbuf, np.ndarray):
         return False
     count, dtype = inbuf.size, inbuf.dtype
-    nbytes = max(count * dtype.itemsize, 1)
+    nbytes = count * dtype.itemsize
     window = comm.__dict__.get("_shm_window")
-    if window is None or window.nbytes < nbytes:  # every rank calls with the same size: collective
-        if window is not None:
-            window.free()
-        window = comm._shm_window = _Window(comm, max(nbytes, 1 << 16))
-    views = window.views(dtype, count)
-    mine = views[comm.rank]
-    bounds = block_bounds(count, comm.size)
-    lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
-    # publish
-    np.copyto(mine, inbuf)
+    if window is None:  # every rank's first call: the same fixed size everywhere, so collective
+        window = comm._shm_window = _Window(comm, _FIRST_CAPACITY)
+    seq = window.seq = window.seq + 1
+    codes = _codes.get((dtype, reduce_fn, final_fn is None))
+    if codes is None:
+        codes = _codes[(dtype, reduce_fn, final_fn is None)] = (_dtype_code(dtype), _op_code(reduce_fn, final_fn))
+    dtype_code, op_code = codes
+    header = window.header
+    header[_SEQ], header[_OP], header[_DTYPE], header[_COUNT] = seq, op_code, dtype_code, count
+    rank = comm.rank
+    fits = nbytes <= window.nbytes
+    if fits:  # publish the data with the header: one barrier covers both
+        views = window.views(dtype, count, seq & 1)
+        np.copyto(views[rank], inbuf)
     _sync(comm, window)
+    for h in window.headers:  # every rank checks every header before reading any peer's data
+        if h[_COUNT] != count or h[_DTYPE] != dtype_code or h[_SEQ] != seq or h[_OP] != op_code:
+            error = _mismatch(window.headers)
+            _sync(comm, window)  # no rank leaves (and writes its next header) before all have read
+            raise error
+    if not fits:  # the headers agree, so every rank needs the same size: all grow together
+        window.free()
+        window = comm._shm_window = _Window(comm, max(nbytes, 2 * window.nbytes), seq)
+        views = window.views(dtype, count, seq & 1)
+        np.copyto(views[rank], inbuf)
+        _sync(comm, window)
+    mine = views[rank]
+    bounds = block_bounds(count, comm.size)
+    lo, hi = bounds[rank], bounds[rank + 1]
     # reduce-scatter: my block from every rank's window, in rank order
     block = outbuf[lo:hi]
-    others = [peer for peer in range(comm.size) if peer != comm.rank]
-    reduce_fn(views[comm.rank][lo:hi], views[others[0]][lo:hi], out=block)  # same order as the plan
+    others = [peer for peer in range(comm.size) if peer != rank]
+    reduce_fn(views[rank][lo:hi], views[others[0]][lo:hi], out=block)  # same order as the plan
     for peer in others[1:]:
         reduce_fn(block, views[peer][lo:hi], out=block)
     if final_fn is not None:
@@ -147,6 +244,6 @@ def run(comm, inbuf, outbuf, reduce_fn, final_fn):
     _sync(comm, window)
     # all-gather: the other ranks' finished blocks
     for peer in range(comm.size):
-        if peer != comm.rank:
+        if peer != rank:
             outbuf[bounds[peer]:bounds[peer + 1]] = views[peer][bounds[peer]:bounds[peer + 1]]
     return True

@@ -215,7 +215,11 @@ def _mismatch_everywhere(call, field):
     ("options", lambda c: collectives.broadcast(np.ones(10), root=1 if RANK == 1 else 0, comm=c)),
     ("op", lambda c: collectives.reduce(np.ones(10), op="min" if RANK == 1 else "sum", comm=c)),
     ("count", lambda c: collectives.reduce_scatter(np.ones(10 + (RANK == 1)), comm=c)),
-], ids=["count", "dtype", "op", "algorithm", "options", "broadcast-root", "reduce-op", "reduce_scatter-count"])
+    ("dtype", lambda c: collectives.allgather(np.ones(3 + RANK, np.int32 if RANK == 1 else np.float32), comm=c)),
+    ("algorithm", lambda c: collectives.allgather(np.ones(3), comm=c,
+                                                  algorithm="recursive_doubling" if RANK == 1 else "ring")),
+], ids=["count", "dtype", "op", "algorithm", "options", "broadcast-root", "reduce-op", "reduce_scatter-count",
+        "allgather-dtype", "allgather-algorithm"])
 def test_check_names_the_field_on_every_rank(monkeypatch, field, call):
     if N < 2:
         pytest.skip("a mismatch needs two ranks")
@@ -231,8 +235,6 @@ def test_mismatched_count_is_an_error_on_every_rank_never_a_result(monkeypatch, 
     # raises CollectiveTimeout; no rank may return a result
     if N < 2:
         pytest.skip("a mismatch needs two ranks")
-    if algorithm == "shm":
-        pytest.xfail("shm's shared-memory path does not compare counts (see tests/test_faults_mpi.py)")
     monkeypatch.setenv("COLLECTIVES_ON_ERROR", "raise")
     monkeypatch.setenv("COLLECTIVES_TIMEOUT", "1")
     comm = collectives.as_comm(WORLD.Dup())
@@ -240,8 +242,56 @@ def test_mismatched_count_is_an_error_on_every_rank_never_a_result(monkeypatch, 
     try:
         collectives.allreduce(np.ones(100 + (RANK == 1), np.float32), comm=comm, algorithm=algorithm)
         ok, why = False, "returned a result"
-    except (collectives.MismatchError, collectives.CollectiveTimeout):
+    except collectives.MismatchError:
         pass
+    except collectives.CollectiveTimeout as exc:
+        if algorithm == "shm":  # every rank reads every header: every rank raises MismatchError
+            ok, why = False, f"CollectiveTimeout instead of MismatchError: {exc}"
     except Exception as exc:  # noqa: BLE001
         ok, why = False, f"{type(exc).__name__}: {exc}"
+    agree(ok, why)
+
+
+def _shm_mismatch(comm, make, field):
+    """Every rank must raise the same MismatchError(shm) naming ``field``; returns (ok, why, text)."""
+    try:
+        collectives.allreduce(make(), comm=comm, algorithm="shm")
+        return False, "returned a result", ""
+    except collectives.MismatchError as exc:
+        text = str(exc)
+        if not text.startswith(f"allreduce(shm): ranks disagree on {field} (ranks 1 differ from rank 0)"):
+            return False, f"wrong message: {text}", text
+        return True, "", text
+    except Exception as exc:  # noqa: BLE001
+        return False, f"{type(exc).__name__}: {exc}", ""
+
+
+@pytest.mark.parametrize("field, make", [
+    ("count", lambda: np.ones(100 + (RANK == 1), np.float32)),
+    # only rank 1 needs a bigger window: every rank must still agree before Allocate_shared
+    ("count", lambda: np.ones(1_000_000 if RANK == 1 else 100, np.float32)),
+    ("count", lambda: np.ones(100 if RANK == 1 else 1_000_000, np.float32)),
+    ("dtype", lambda: np.ones(100, np.int32 if RANK == 1 else np.float32)),  # same byte size
+], ids=["count", "one-rank-grows", "others-grow", "same-size-dtype"])
+def test_shm_mismatch_without_check_is_the_same_error_on_every_rank(monkeypatch, field, make):
+    if N < 2 or "shm" not in collectives.algorithms():
+        pytest.skip("a mismatch needs two ranks and the shm algorithm")
+    monkeypatch.delenv("COLLECTIVES_CHECK", raising=False)
+    monkeypatch.setenv("COLLECTIVES_ON_ERROR", "raise")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "10")
+    comm = collectives.as_comm(WORLD.Dup())
+    ok, why = True, ""
+    # a window already in use, then the mismatch, then correct calls on the same communicator:
+    # every rank raised at the same point, so the window and the call sequence stay in step
+    x = value(RANK, 1, 64)
+    ok &= np.array_equal(collectives.allreduce(x, comm=comm, algorithm="shm"), expected_sum(1, 64))
+    good, why, text = _shm_mismatch(comm, make, field)
+    texts = WORLD.allgather(text)
+    if good and len(set(texts)) != 1:
+        good, why = False, f"the ranks' messages differ: {texts}"
+    ok &= good
+    for call, count in ((2, 64), (3, 300_000), (4, 5)):
+        y = collectives.allreduce(value(RANK, call, count), comm=comm, algorithm="shm")
+        if not np.array_equal(y, expected_sum(call, count)):
+            ok, why = False, f"call {call} after the mismatch was wrong"
     agree(ok, why)
