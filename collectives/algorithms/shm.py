@@ -1,9 +1,10 @@
 """Shared-memory all-reduce: every rank reduces its block straight from its peers' memory.
 
-Idea: on one node, ranks can read each other's memory. Each rank publishes its
-input in an MPI-3 shared window (``Split_type(COMM_TYPE_SHARED)`` +
-``Win.Allocate_shared``), then reduces block i (numpy.array_split bounds) of
-the result by reading block i of every rank's window in rank order, publishes
+Idea: on one node, ranks can read each other's memory. Each rank publishes the
+blocks of its input that its peers reduce (all but its own) in an MPI-3 shared
+window (``Split_type(COMM_TYPE_SHARED)`` + ``Win.Allocate_shared``), then
+reduces block i (numpy.array_split bounds) of the result from its own input
+and block i of every peer's window, in rank order, publishes
 the finished block, and copies the other ranks' finished blocks into its
 output. Two barriers a call; the window has two halves used in turn, so a
 fast rank's next call never overwrites memory a slow rank is still reading.
@@ -20,7 +21,8 @@ and the finished block goes to every other rank (n-1 sends).
 
 Steps: 2 (plus two barriers through shared memory).
 Bytes sent per rank: 2(n-1)/n N by messages; through shared memory each rank
-writes N (publish) + N/n and reads N + (n-1)/n N, with no MPI copies.
+writes (n-1)/n N (publish) + N/n (its finished block) and reads (n-1)/n N
+(peers' inputs) + (n-1)/n N (peers' finished blocks), with no MPI copies.
 Cost: as messages 2(n-1) alpha + 2(n-1)/n N beta + (n-1)/n N gamma; on a node,
 about 2 barriers + (2N + 2N(n-1)/n) / memory bandwidth + N/n n gamma.
 Limits: one node only (the fast path needs every rank in one shared-memory
@@ -194,6 +196,14 @@ def _mismatch(headers):
     return MismatchError(f"allreduce({NAME}): ranks disagree on the call")  # pragma: no cover
 
 
+def _publish(segment, inbuf, lo, hi):
+    """Copy the blocks the peers will read: all but my own, which only I reduce."""
+    if lo:
+        np.copyto(segment[:lo], inbuf[:lo])
+    if hi < inbuf.size:
+        np.copyto(segment[hi:], inbuf[hi:])
+
+
 def run(comm, inbuf, outbuf, reduce_fn, final_fn):
     """All-reduce through shared memory; ``outbuf`` may be ``inbuf``. Returns False when the
     fast path does not apply (the caller then runs the plan). Ranks that disagree on count,
@@ -213,10 +223,12 @@ def run(comm, inbuf, outbuf, reduce_fn, final_fn):
     header = window.header
     header[_SEQ], header[_OP], header[_DTYPE], header[_COUNT] = seq, op_code, dtype_code, count
     rank = comm.rank
+    bounds = block_bounds(count, comm.size)
+    lo, hi = bounds[rank], bounds[rank + 1]
     fits = nbytes <= window.nbytes
     if fits:  # publish the data with the header: one barrier covers both
         views = window.views(dtype, count, seq & 1)
-        np.copyto(views[rank], inbuf)
+        _publish(views[rank], inbuf, lo, hi)
     _sync(comm, window)
     for h in window.headers:  # every rank checks every header before reading any peer's data
         if h[_COUNT] != count or h[_DTYPE] != dtype_code or h[_SEQ] != seq or h[_OP] != op_code:
@@ -227,15 +239,13 @@ def run(comm, inbuf, outbuf, reduce_fn, final_fn):
         window.free()
         window = comm._shm_window = _Window(comm, max(nbytes, 2 * window.nbytes), seq)
         views = window.views(dtype, count, seq & 1)
-        np.copyto(views[rank], inbuf)
+        _publish(views[rank], inbuf, lo, hi)
         _sync(comm, window)
     mine = views[rank]
-    bounds = block_bounds(count, comm.size)
-    lo, hi = bounds[rank], bounds[rank + 1]
-    # reduce-scatter: my block from every rank's window, in rank order
+    # reduce-scatter: my block, from my own input and every peer's window, in rank order
     block = outbuf[lo:hi]
     others = [peer for peer in range(comm.size) if peer != rank]
-    reduce_fn(views[rank][lo:hi], views[others[0]][lo:hi], out=block)  # same order as the plan
+    reduce_fn(inbuf[lo:hi], views[others[0]][lo:hi], out=block)  # same order as the plan
     for peer in others[1:]:
         reduce_fn(block, views[peer][lo:hi], out=block)
     if final_fn is not None:
