@@ -63,6 +63,7 @@ def clear_caches():
     _plans.clear()
     _fast.clear()
     _programs.clear()
+    _last[:] = [_NO_CALL] * 8
 
 
 def _scratch(comm, backend, dtype, count):
@@ -150,6 +151,8 @@ def _select(name, comm, nbytes, dtype):
 
 _fast = {}  # (id(comm), algorithm, op, dtype, count) -> what a repeated call needs
 _is_set = config.is_set
+_NO_CALL = object()
+_last = [_NO_CALL] * 8  # (sendbuf, recvbuf, comm, algorithm, op, dtype, program, our comm) of the last program call
 
 
 def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, **options):
@@ -160,6 +163,17 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
     ``sendbuf`` is left unchanged. ``options`` are the algorithm's own
     (``collectives.algorithm_options(name)`` lists them).
     """
+    # the shortest path: the same buffers as the previous call, which ran as a program
+    last = _last
+    if sendbuf is last[0] and recvbuf is last[1] and comm is last[2] and algorithm == last[3] \
+            and op == last[4] and not options and sendbuf.dtype is last[5] \
+            and not _is_set("COLLECTIVES_ALGO") and not _is_set("COLLECTIVES_CHECK"):
+        try:
+            last[6](sendbuf, recvbuf)
+        except CollectiveError as exc:
+            last[7].on_failure(exc)
+            raise
+        return recvbuf
     # the short path: a call shape seen before, contiguous NumPy buffers, no options
     if not options and type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous \
             and not _is_set("COLLECTIVES_ALGO") and not _is_set("COLLECTIVES_CHECK"):
@@ -180,6 +194,8 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
                     except CollectiveError as exc:
                         ours.on_failure(exc)
                         raise
+                    if result is recvbuf:  # remember the buffers (held until the next call)
+                        _last[:] = (sendbuf, recvbuf, comm, algorithm, op, sendbuf.dtype, program, ours)
                     return result
             else:
                 flat_in = sendbuf.reshape(-1)

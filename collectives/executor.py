@@ -1,6 +1,8 @@
 """The executor: runs one rank's plan over a communicator, on NumPy or CuPy arrays."""
 from functools import partial
 
+import numpy as np
+
 from .plan import COPY, FINAL, IN, OUT, REDUCE, NCHANNELS
 
 
@@ -57,6 +59,9 @@ def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=N
         sync()
 
 
+_KEYWORD_OUT = {np.maximum, np.minimum}  # NumPy deprecates a positional out= for these two
+
+
 class Program:
     """A plan bound once to fixed buffers, for small messages, where per-call overhead is the
     cost: the transport prepares each step's message specs once (``comm.prepare``), and local
@@ -94,8 +99,12 @@ class Program:
                 kind = op[0]
                 if kind == REDUCE:
                     _, dst, dlo, a, alo, b, blo, n = op
-                    calls.append(partial(self.reduce_fn, bufs[a][alo:alo + n], bufs[b][blo:blo + n],
-                                         out=bufs[dst][dlo:dlo + n]))
+                    if self.reduce_fn in _KEYWORD_OUT:
+                        calls.append(partial(self.reduce_fn, bufs[a][alo:alo + n], bufs[b][blo:blo + n],
+                                             out=bufs[dst][dlo:dlo + n]))
+                    else:  # a positional out= is the cheaper call
+                        calls.append(partial(self.reduce_fn, bufs[a][alo:alo + n], bufs[b][blo:blo + n],
+                                             bufs[dst][dlo:dlo + n]))
                 elif kind == COPY:
                     _, dst, dlo, src, slo, n = op
                     if not (in_place and dlo == slo and {dst, src} <= {IN, OUT}):

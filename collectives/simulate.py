@@ -24,11 +24,12 @@ and ``python -m collectives.simulate --calibrate`` under mpiexec.
 """
 import heapq
 import importlib
+import operator
 import sys
 import time
 import types
-from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -111,138 +112,314 @@ def build_plans(algorithm, ranks, count, itemsize=4, topology=None, **options):
     return [module.build(r, ranks, count, itemsize=itemsize, **params) for r in range(ranks)]
 
 
+# flat plans ------------------------------------------------------------------------------
+# The timing model and the symbolic check both run on every rank's plan at once. The plans
+# (built by the algorithms' own ``build``) are flattened once into arrays: steps numbered
+# globally (rank r's step s is ``start[r] + s``, with one unused number between ranks),
+# messages in post order with their matching message on the other side, local operations.
+_PAD = {8: (), 6: (0, 0), 4: (0, 0, 0, 0)}
+_first, _last = operator.itemgetter(0), operator.itemgetter(-1)
+
+
+class _Flat:
+    """Every rank's plan as flat arrays (see the comment above)."""
+
+    def __init__(self, plans, ops=False):
+        p = len(plans)
+        self.p = p
+        self.algorithm = plans[0].algorithm if plans else ""
+        self.count = plans[0].count if plans else 0
+        nsteps = np.fromiter((len(plan.steps) for plan in plans), np.int64, p)
+        start = np.zeros(p + 1, np.int64)
+        np.cumsum(nsteps + 1, out=start[1:])
+        self.nsteps, self.start = nsteps, start
+        self.in_count = np.fromiter((plan.in_count for plan in plans), np.int64, p)
+        self.out_count = np.fromiter((plan.out_count for plan in plans), np.int64, p)
+        self.tmp_count = np.fromiter((plan.tmp_count for plan in plans), np.int64, p)
+        sends, recvs, local = [], [], []
+        ns, nr, nl = [], [], []
+        for plan in plans:
+            if plan.steps:
+                s_, r_, l_ = zip(*plan.steps)
+                ns += map(len, s_)
+                nr += map(len, r_)
+                nl += map(len, l_)
+                sends += chain.from_iterable(s_)
+                recvs += chain.from_iterable(r_)
+                local += chain.from_iterable(l_)
+            ns.append(0)
+            nr.append(0)
+            nl.append(0)
+        G = int(start[-1])
+        self.steps_total = G
+        self.step_rank = np.repeat(np.arange(p, dtype=np.int64), nsteps + 1)
+
+        def offsets(counts):
+            out = np.zeros(G + 1, np.int64)
+            np.cumsum(np.fromiter(counts, np.int64, G), out=out[1:])
+            return out
+
+        self.ss, self.rs, self.ls = offsets(ns), offsets(nr), offsets(nl)
+        del ns, nr, nl
+        S = np.fromiter(chain.from_iterable(sends), np.int64, 5 * len(sends)).reshape(-1, 5)
+        del sends
+        R = np.fromiter(chain.from_iterable(recvs), np.int64, 5 * len(recvs)).reshape(-1, 5)
+        del recvs
+        gid = np.arange(G, dtype=np.int64)
+        self.s_step = np.repeat(gid, np.diff(self.ss))
+        self.r_step = np.repeat(gid, np.diff(self.rs))
+        self.s_rank = self.step_rank[self.s_step]
+        self.r_rank = self.step_rank[self.r_step]
+        self.s_peer, self.s_buf, self.s_lo, self.s_hi, self.s_chan = (np.ascontiguousarray(c) for c in S.T)
+        self.r_peer, self.r_buf, self.r_lo, self.r_hi, self.r_chan = (np.ascontiguousarray(c) for c in R.T)
+        del S, R
+        self.s_len = self.s_hi - self.s_lo
+        self.r_len = self.r_hi - self.r_lo
+        self.l_step = np.repeat(gid, np.diff(self.ls))
+        nops = len(local)
+        if ops:
+            L = np.fromiter(chain.from_iterable(op + _PAD[len(op)] for op in local), np.int64,
+                            8 * nops).reshape(-1, 8)
+            kind = L[:, 0]
+            self.l_kind = np.ascontiguousarray(kind)
+            self.l_dst, self.l_dlo = np.ascontiguousarray(L[:, 1]), np.ascontiguousarray(L[:, 2])
+            # operands: a for REDUCE and COPY, b for REDUCE only (0 elsewhere)
+            self.l_a = np.where(kind == FINAL, 0, L[:, 3])
+            self.l_alo = np.where(kind == FINAL, 0, L[:, 4])
+            self.l_b = np.where(kind == REDUCE, L[:, 5], 0)
+            self.l_blo = np.where(kind == REDUCE, L[:, 6], 0)
+            self.l_n = np.where(kind == REDUCE, L[:, 7], np.where(kind == COPY, L[:, 5], L[:, 3]))
+        else:
+            self.l_kind = np.fromiter(map(_first, local), np.int64, nops)
+            self.l_n = np.fromiter(map(_last, local), np.int64, nops)
+        del local
+        reduces = self.l_kind == REDUCE
+        self.work = np.bincount(self.l_step[reduces], weights=self.l_n[reduces], minlength=G).astype(np.int64)
+        self._pair()
+
+    def _pair(self):
+        """Match sends with receives: FIFO per (source, destination, channel), in post order."""
+        p = self.p
+        cmin = min(int(self.s_chan.min(initial=0)), int(self.r_chan.min(initial=0)))
+        nchan = max(int(self.s_chan.max(initial=0)), int(self.r_chan.max(initial=0))) - cmin + 1
+        ks = (self.s_rank * p + self.s_peer) * nchan + (self.s_chan - cmin)
+        kr = (self.r_peer * p + self.r_rank) * nchan + (self.r_chan - cmin)
+        order_s = np.argsort(ks, kind="stable")
+        order_r = np.argsort(kr, kind="stable")
+        self.s_match = np.full(len(ks), -1, np.int64)
+        self.r_match = np.full(len(kr), -1, np.int64)
+        sorted_s, sorted_r = ks[order_s], kr[order_r]
+        if len(ks) == len(kr) and np.array_equal(sorted_s, sorted_r):
+            self.s_match[order_s] = order_r
+            self.r_match[order_r] = order_s
+            return
+        # unequal counts somewhere (a broken plan): pair the k-th send with the k-th receive
+        _, dense = np.unique(np.concatenate([sorted_s, sorted_r]), return_inverse=True)
+        dense = dense.ravel()
+
+        def occurrence(sorted_keys):
+            n = len(sorted_keys)
+            first = np.ones(n, bool)
+            first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+            return np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))
+
+        occ_s, occ_r = occurrence(sorted_s), occurrence(sorted_r)
+        width = int(max(occ_s.max(initial=0), occ_r.max(initial=0))) + 1
+        cs = dense[:len(ks)] * width + occ_s
+        cr = dense[len(ks):] * width + occ_r  # sorted already
+        pos = np.searchsorted(cr, cs)
+        hit = pos < len(cr)
+        hit[hit] = cr[pos[hit]] == cs[hit]
+        self.s_match[order_s[hit]] = order_r[pos[hit]]
+        self.r_match[order_r[pos[hit]]] = order_s[hit]
+
+    def local_step(self, g):
+        return int(g - self.start[self.step_rank[g]])
+
+    def per_rank(self, rank_of, values):
+        """Sum of ``values`` per rank, for items sorted by rank (exact integers)."""
+        bounds = np.searchsorted(rank_of, np.arange(self.p + 1))
+        total = np.zeros(len(values) + 1, np.int64)
+        np.cumsum(values, out=total[1:])
+        return (total[bounds[1:]] - total[bounds[:-1]]).tolist()
+
+
+def _flatten(plans, ops=False):
+    return _Flat(plans, ops)
+
+
 # timing ----------------------------------------------------------------------------------
-def _match(plans):
-    """For every send, the (rank, step) of its matching receive; FIFO per (src, dst, chan)."""
-    pending = {}
-    for rank, plan in enumerate(plans):
-        for s, step in enumerate(plan.steps):
-            for peer, _, lo, hi, chan in step.recvs:
-                pending.setdefault((peer, rank, chan), deque()).append((s, hi - lo))
-    return pending
+def _time(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
+    """Discrete-event model: messages start in order of their post time, each holds its
+    sender's send port and its receiver's receive port (and, with a shared NIC, both nodes'
+    network ports) for alpha + m beta; a step ends when all its messages have, then its
+    reductions take gamma per byte. Returns (finish per rank, links, messages): ``links``
+    is, per global step, the message that ended it last (for the critical path)."""
+    f = flat if flat is not None else _Flat(plans)
+    p = f.p
+    bad = np.flatnonzero(f.s_match < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise RuntimeError(f"rank {int(f.s_rank[i])} sends to {int(f.s_peer[i])} (channel {int(f.s_chan[i])}) "
+                           f"a message no receive matches")
+    matched = f.s_match
+    wrong = np.flatnonzero(f.s_len != f.r_len[matched])
+    if wrong.size:
+        i = int(wrong[0])
+        raise RuntimeError(f"rank {int(f.s_rank[i])} sends {int(f.s_len[i])} elements to {int(f.s_peer[i])}, "
+                           f"which expects {int(f.r_len[matched[i]])}")
+    nbytes_arr = f.s_len * itemsize
+    if topology is None:
+        dur_arr = alpha + nbytes_arr * beta
+        nic_arr = None
+    else:
+        k = topology.ranks_per_node
+        same = (f.s_rank // k) == (f.s_peer // k)
+        dur_arr = np.where(same, topology.intra[0] + nbytes_arr * topology.intra[1],
+                           topology.inter[0] + nbytes_arr * topology.inter[1])
+        nic_arr = (~same).tolist() if topology.shared_nic else None
+    dur = dur_arr.tolist()
+    s_src = f.s_rank.tolist()
+    s_dst = f.s_peer.tolist()
+    s_rg = f.r_step[matched].tolist() if len(matched) else []
+    ss = f.ss.tolist()
+    nmsg = (np.diff(f.ss) + np.diff(f.rs)).tolist()
+    wt = (f.work * itemsize * gamma).tolist()  # == work * itemsize * gamma for each step
+    first = f.start[:-1].tolist()
+    last = (f.start[:-1] + f.nsteps).tolist()
+    G = f.steps_total
+    if record:
+        s_lstep = (f.s_step - f.start[f.s_rank]).tolist()
+        s_nbytes = nbytes_arr.tolist()
+    if nic_arr is not None:
+        kpn = topology.ranks_per_node
+        nnodes = (p + kpn - 1) // kpn
+        nic_s, nic_r = [0.0] * nnodes, [0.0] * nnodes
 
-
-def _time(plans, alpha, beta, gamma, itemsize, topology, record):
-    p = len(plans)
-    queues = _match(plans)
-    # per rank: index of the current step, messages outstanding in it, its post time
-    current = [0] * p
+    cur = list(first)
     outstanding = [0] * p
     post = [0.0] * p
     latest = [0.0] * p
     cause = [None] * p
     finish = [0.0] * p
-    send_free, recv_free = {}, {}
+    send_free = [0.0] * p
+    recv_free = [0.0] * p
+    link_cause = [None] * G
+    link_time = [None] * G
     heap = []
-    seq = 0
-    path_links = {}
+    push, pop = heapq.heappush, heapq.heappop
     messages = []
-    recv_ready = {}  # (rank, step) -> number of receives whose sends have been posted
-
-    def cost(src, dst, nbytes):
-        if topology is None:
-            return alpha + nbytes * beta
-        a, b = topology.intra if topology.node(src) == topology.node(dst) else topology.inter
-        return a + nbytes * b
+    seq = 0
+    early = {}  # global step -> [(end, sender)]: messages that ended before their receiver got there
 
     def start_step(rank, when):
         nonlocal seq
-        plan = plans[rank]
-        while current[rank] < len(plan.steps):
-            step = plan.steps[current[rank]]
+        g = cur[rank]
+        stop = last[rank]
+        while g < stop:
             post[rank] = when
             latest[rank] = when
-            outstanding[rank] = len(step.sends) + len(step.recvs)
-            if outstanding[rank]:
-                for peer, _, lo, hi, chan in step.sends:
-                    rstep, n = queues[(rank, peer, chan)].popleft()
-                    if n != hi - lo:
-                        raise RuntimeError(f"rank {rank} sends {hi - lo} elements to {peer}, which expects {n}")
-                    heapq.heappush(heap, (when, seq, rank, current[rank], peer, rstep, (hi - lo) * itemsize))
+            m = nmsg[g]
+            outstanding[rank] = m
+            if m:
+                cur[rank] = g
+                for i in range(ss[g], ss[g + 1]):
+                    push(heap, (when, seq, i))
                     seq += 1
                 return
-            when = _locals_done(rank, when)
+            when += wt[g]
+            g += 1
+        cur[rank] = g
         finish[rank] = when
-
-    def _locals_done(rank, when):
-        step = plans[rank].steps[current[rank]]
-        work = sum(op[7] for op in step.local if op[0] == REDUCE)
-        current[rank] += 1
-        return when + work * itemsize * gamma
 
     def complete(rank, end, why):
         if end >= latest[rank]:
-            latest[rank], cause[rank] = end, why
+            latest[rank] = end
+            cause[rank] = why
         outstanding[rank] -= 1
         if outstanding[rank] == 0:
-            path_links[(rank, current[rank])] = (cause[rank], latest[rank])
-            start_step(rank, _locals_done(rank, latest[rank]))
+            g = cur[rank]
+            link_cause[g] = cause[rank]
+            link_time[g] = latest[rank]
+            cur[rank] = g + 1
+            start_step(rank, latest[rank] + wt[g])
 
     for rank in range(p):
         start_step(rank, 0.0)
-    early = {}  # messages that arrive before the receiver reaches the step: (rank, step) -> [ends]
     while heap:
-        ready, _, src, sstep, dst, rstep, nbytes = heapq.heappop(heap)
-        sport = ("s", src)
-        rport = ("r", dst)
-        start = max(ready, send_free.get(sport, 0.0), recv_free.get(rport, 0.0))
-        nic = topology is not None and topology.shared_nic and topology.node(src) != topology.node(dst)
+        ready, _, i = pop(heap)
+        src = s_src[i]
+        dst = s_dst[i]
+        start = ready
+        if send_free[src] > start:
+            start = send_free[src]
+        if recv_free[dst] > start:
+            start = recv_free[dst]
+        nic = nic_arr is not None and nic_arr[i]
         if nic:
-            start = max(start, send_free.get(("nic-s", topology.node(src)), 0.0),
-                        recv_free.get(("nic-r", topology.node(dst)), 0.0))
-        end = start + cost(src, dst, nbytes)
-        send_free[sport] = end
-        recv_free[rport] = end
+            ns_, nd_ = src // kpn, dst // kpn
+            start = max(start, nic_s[ns_], nic_r[nd_])
+        end = start + dur[i]
+        send_free[src] = end
+        recv_free[dst] = end
         if nic:
-            send_free[("nic-s", topology.node(src))] = end
-            recv_free[("nic-r", topology.node(dst))] = end
+            nic_s[ns_] = end
+            nic_r[nd_] = end
         if record:
-            messages.append((start, end, src, dst, sstep, nbytes))
-        complete(src, end, ("send", src, sstep, dst))
-        if current[dst] == rstep and outstanding[dst] > 0:
-            complete(dst, end, ("recv", dst, rstep, src))
+            messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
+        complete(src, end, (0, dst))
+        g = s_rg[i]
+        if cur[dst] == g and outstanding[dst] > 0:
+            complete(dst, end, (1, src))
         else:
-            early.setdefault((dst, rstep), []).append((end, src))
-        # receivers that have now reached a step whose messages arrived early
+            early.setdefault(g, []).append((end, src))
+        # ranks that have now reached a step whose messages arrived early
         for rank in (src, dst):
-            while outstanding[rank] > 0 and (rank, current[rank]) in early:
-                arrived = early.pop((rank, current[rank]))
-                for end_time, peer in arrived:
-                    complete(rank, max(end_time, post[rank]), ("recv", rank, current[rank], peer))
+            while outstanding[rank] > 0 and cur[rank] in early:
+                for end_time, peer in early.pop(cur[rank]):
+                    complete(rank, max(end_time, post[rank]), (1, peer))
                     if outstanding[rank] == 0:
                         break
-    stuck = [r for r in range(p) if current[r] < len(plans[r].steps)]
+    stuck = [r for r in range(p) if cur[r] < last[r]]
     if stuck:
-        raise RuntimeError(f"deadlock: ranks {stuck[:8]} never finish (step {current[stuck[0]]})")
-    return finish, path_links, messages
+        raise RuntimeError(f"deadlock: ranks {stuck[:8]} never finish (step {cur[stuck[0]] - first[stuck[0]]})")
+    return finish, (link_cause, link_time, f), messages
 
 
-def _critical_path(finish, path_links, plans):
+def _critical_path(finish, links, plans=None):
     """Walk back from the last rank to finish: at each step, the message that ended last.
 
     Returns ``(rank, step, "send"|"recv", peer, time)`` tuples from the first event on."""
     import bisect
 
-    by_rank = {}
-    for (rank, step), (_, when) in path_links.items():
-        by_rank.setdefault(rank, []).append((step, when))
-    for rows in by_rank.values():
-        rows.sort()
+    link_cause, link_time, f = links
+    first = f.start[:-1].tolist()
+    nsteps = f.nsteps.tolist()
+    rows_of = {}
+
+    def rows(rank):  # (local step, end time) of the rank's steps that have messages
+        if rank not in rows_of:
+            base = first[rank]
+            steps = [s for s in range(nsteps[rank]) if link_cause[base + s] is not None]
+            rows_of[rank] = (steps, [link_time[base + s] for s in steps])
+        return rows_of[rank]
+
     rank = int(np.argmax(finish)) if finish else 0
-    step = len(plans[rank].steps)
+    step = nsteps[rank] if finish else 0
     path = []
     while step > 0 and len(path) < 10 ** 6:
-        link = path_links.get((rank, step - 1))
-        if link is None or link[0] is None:
+        g = first[rank] + step - 1
+        why = link_cause[g]
+        if why is None:
             step -= 1
             continue
-        (kind, _, _, peer), when = link
-        path.append((rank, step - 1, kind, peer, when))
-        if kind == "recv":  # continue on the sender, at its last step that ended by then
-            rows = by_rank.get(peer, [])
-            times = [w for _, w in rows]
+        kind, peer = why
+        when = link_time[g]
+        path.append((rank, step - 1, "recv" if kind else "send", peer, when))
+        if kind:  # continue on the sender, at its last step that ended by then
+            steps, times = rows(peer)
             k = bisect.bisect_right(times, when) - 1
-            rank, step = peer, (rows[k][0] if k >= 0 else -1)
+            rank, step = peer, (steps[k] if k >= 0 else -1)
         else:
             step -= 1
     path.reverse()
@@ -250,204 +427,335 @@ def _critical_path(finish, path_links, plans):
 
 
 # symbolic check ----------------------------------------------------------------------------
+# All ranks' buffers live in one flat array of symbolic elements; the check runs in waves:
+# every rank that has reached a step posts its sends (a snapshot of the regions, as a real
+# send would read them), then every rank whose receives have all been posted completes its
+# step: receives land, local operations run in order. Each wave is a handful of numpy
+# operations over all the ranks that move in it, so a world of 65,536 ranks that moves in
+# lock step costs one wave per step, not one Python call per rank and step.
 class _Exact:
-    """Each element is a bitset of the ranks it holds, plus one flag bit for "FINAL applied"."""
+    """Each element is a bitset of the ranks it holds (``ceil(p/64)`` words)."""
     name = "exact"
 
     def __init__(self, p):
-        self.full = (1 << p) - 1
-        self.flag = 1 << p
+        self.p = p
+        self.rows = (p + 63) // 64
+        self.full = np.array([(1 << min(64, p - 64 * w)) - 1 for w in range(self.rows)], np.uint64)[:, None]
 
-    def inputs(self, rank, count):
-        return np.array([1 << rank] * count, dtype=object)
+    def inputs(self, values, idx, owners):
+        values[owners // 64, idx] = np.left_shift(np.uint64(1), (owners % 64).astype(np.uint64))
 
-    def empty(self, count):
-        return np.zeros(count, dtype=object)
+    def combine(self, a, b):
+        """(a op b, mask of elements counted twice)."""
+        return a | b, (a & b).any(axis=0)
 
-    def combine(self, a, b, where):
-        if (np.bitwise_and(np.bitwise_or(a, b), self.flag) != 0).any():
-            raise AssertionError(f"{where}: reduces a value that is already final")
-        if (np.bitwise_and(a, b) != 0).any():
-            raise AssertionError(f"{where}: an element reduces some rank's contribution twice")
-        return np.bitwise_or(a, b)
+    twice = "an element reduces some rank's contribution twice"
 
     def complete(self, values):
-        return np.bitwise_and(values, self.full) == self.full
-
-    def finalize(self, values, where):
-        if (np.bitwise_and(values, self.flag) != 0).any():
-            raise AssertionError(f"{where}: FINAL applied twice to one element")
-        if not np.all(self.complete(values)):
-            raise AssertionError(f"{where}: FINAL on elements not yet fully reduced")
-        return np.bitwise_or(values, self.flag)
-
-    def finished(self, values):
-        return values == (self.full | self.flag)
+        return (values == self.full).all(axis=0)
 
 
 class _Fingerprint:
-    """Rows: sum of random 64-bit rank weights (mod 2^64), contribution count, FINAL flag."""
+    """Rows: sum of random 64-bit rank weights (mod 2^64), contribution count."""
     name = "fingerprint"
+    rows = 2
 
     def __init__(self, p):
         rng = np.random.default_rng(12345)
         self.weights = rng.integers(1, 2 ** 63, p, dtype=np.int64).astype(np.uint64) | np.uint64(1)
         self.total = np.uint64(int(self.weights.astype(object).sum()) % (1 << 64))
         self.p = p
+        self.twice = f"an element holds more than {p} contributions"
 
-    def inputs(self, rank, count):
-        return np.stack([np.full(count, self.weights[rank], np.uint64), np.ones(count, np.uint64),
-                         np.zeros(count, np.uint64)])
+    def inputs(self, values, idx, owners):
+        values[0, idx] = self.weights[owners]
+        values[1, idx] = 1
 
-    def empty(self, count):
-        return np.zeros((3, count), np.uint64)
-
-    def combine(self, a, b, where):
-        if (a[2] | b[2]).any():
-            raise AssertionError(f"{where}: reduces a value that is already final")
+    def combine(self, a, b):
         out = a + b
-        out[2] = 0
-        if (out[1] > self.p).any():
-            raise AssertionError(f"{where}: an element holds more than {self.p} contributions")
-        return out
+        return out, out[1] > self.p
 
     def complete(self, values):
         return (values[0] == self.total) & (values[1] == self.p)
 
-    def finalize(self, values, where):
-        if values[2].any():
-            raise AssertionError(f"{where}: FINAL applied twice to one element")
-        if not np.all(self.complete(values)):
-            raise AssertionError(f"{where}: FINAL on elements not yet fully reduced")
-        out = values.copy()
-        out[2] = 1
-        return out
 
-    def finished(self, values):
-        return self.complete(values) & (values[2] == 1)
+_ENGINES = {"exact": _Exact, "fingerprint": _Fingerprint}
 
 
-def _region(engine, buf, lo, hi):
-    return buf[lo:hi] if isinstance(engine, _Exact) else buf[:, lo:hi]
+def _expand(starts, lens):
+    """The element indices of the regions ``starts[i] : starts[i] + lens[i]``, concatenated."""
+    if len(starts) == 0:
+        return np.zeros(0, np.int64)
+    width = lens[0]
+    if (lens == width).all():
+        if width == 1:
+            return starts
+        return (starts[:, None] + np.arange(width)).ravel()
+    total = int(lens.sum())
+    shift = np.cumsum(lens) - lens
+    return np.repeat(starts - shift, lens) + np.arange(total)
 
 
-def _set(engine, buf, lo, values):
-    if isinstance(engine, _Exact):
-        buf[lo:lo + len(values)] = values
-    else:
-        buf[:, lo:lo + values.shape[1]] = values
+def _ranges(lo, hi):
+    return _expand(lo, hi - lo)
 
 
-def verify(plans, in_place=False, engine=None):
-    """Raise AssertionError naming the first violation; return the engine's name when clean."""
-    p = len(plans)
-    engine = engine or (_Exact(p) if p <= EXACT_LIMIT else _Fingerprint(p))
-    count = plans[0].count
-    bufs = []
-    for rank, plan in enumerate(plans):
-        inbuf = engine.inputs(rank, plan.in_count)
-        outbuf = inbuf if in_place else engine.empty(plan.out_count)
-        bufs.append([inbuf, outbuf, engine.empty(max(plan.tmp_count, 1))])
-    queues = {}
-    current = [0] * p
-    sent = [False] * p
+def verify(plans, in_place=False, engine=None, flat=None):
+    """Raise AssertionError naming the first violation; return the engine's name when clean.
+
+    ``engine`` is "exact" (bitsets) or "fingerprint"; by default exact up to ``EXACT_LIMIT``
+    ranks. ``flat`` is ``_Flat(plans, ops=True)`` when the caller already has it."""
+    f = flat if flat is not None else _Flat(plans, ops=True)
+    p = f.p
+    if engine is None:
+        engine = "exact" if p <= EXACT_LIMIT else "fingerprint"
+    eng = _ENGINES[engine](p) if isinstance(engine, str) else engine
     mode = "in place" if in_place else "out of place"
-    work = deque(range(p))  # ranks that may be able to move on
-    queued = [True] * p
-    while work:
-        rank = work.popleft()
-        queued[rank] = False
-        plan = plans[rank]
-        while current[rank] < len(plan.steps):
-            step = plan.steps[current[rank]]
-            where = _Where(plan, mode, rank, current[rank])
-            if not sent[rank]:
-                for _, b, lo, hi, _ in step.sends:
-                    for _, wb, wlo, whi, _ in step.recvs:
-                        if _same(b, wb, in_place) and lo < whi and wlo < hi:
-                            raise AssertionError(f"{where}: sends a region it receives into in the same step")
-                for peer, b, lo, hi, chan in step.sends:
-                    queues.setdefault((rank, peer, chan), deque()).append(
-                        _region(engine, bufs[rank][b], lo, hi).copy())
-                    if not queued[peer]:
-                        queued[peer] = True
-                        work.append(peer)
-                sent[rank] = True
-            if not all(queues.get((peer, rank, chan)) for peer, _, _, _, chan in step.recvs):
-                break  # wait: a sender will put this rank back on the work list
-            for peer, b, lo, hi, chan in step.recvs:
-                if b == IN:
-                    raise AssertionError(f"{where}: receives into IN")
-                data = queues[(peer, rank, chan)].popleft()
-                width = data.shape[-1]
-                if width != hi - lo:
-                    raise AssertionError(f"{where}: message from rank {peer} has {width} elements, expects {hi - lo}")
-                _set(engine, bufs[rank][b], lo, data)
-            for op in step.local:
-                _apply(engine, op, bufs[rank], where, in_place)
-            current[rank] += 1
-            sent[rank] = False
-    stuck = [r for r in range(p) if current[r] < len(plans[r].steps)]
-    if stuck:
-        raise AssertionError(f"deadlock: ranks {stuck[:8]} wait forever (rank {stuck[0]} at step "
-                             f"{current[stuck[0]] + 1} of {plans[stuck[0]].algorithm})")
-    leftover = [key for key, q in queues.items() if q]
-    if leftover:
-        src, dst, chan = leftover[0]
-        raise AssertionError(f"{plans[0].algorithm} ({mode}): a message from rank {src} to rank {dst} "
-                             f"(channel {chan}) is never received")
-    for rank, plan in enumerate(plans):
-        out = bufs[rank][OUT]
-        ok = np.asarray(engine.complete(out), bool)
-        if not ok.all():
-            bad = int(np.flatnonzero(~ok)[0])
-            raise AssertionError(f"{plan.algorithm} ({mode}): rank {rank} element {bad} of {count} "
-                                 f"is not the reduction of every rank's contribution")
-        ok = np.asarray(engine.finished(out), bool)
-        if not ok.all():
-            bad = int(np.flatnonzero(~ok)[0])
-            raise AssertionError(f"{plan.algorithm} ({mode}): rank {rank} element {bad} never had FINAL applied")
-    return engine.name
+    return _Verifier(f, eng, in_place, mode).run()
 
 
-class _Where:
-    """Names a step in an error message; formatted only when an error is raised."""
-    __slots__ = ("plan", "mode", "rank", "step")
+class _Verifier:
+    def __init__(self, f, eng, in_place, mode):
+        self.f, self.eng, self.in_place, self.mode = f, eng, in_place, mode
+        p = f.p
+        tmp = np.maximum(f.tmp_count, 1)
+        if in_place:  # OUT is IN
+            sizes = np.stack([f.in_count, f.in_count, tmp])
+            per_rank = f.in_count + tmp
+        else:
+            sizes = np.stack([f.in_count, f.out_count, tmp])
+            per_rank = f.in_count + f.out_count + tmp
+        rank_base = np.zeros(p + 1, np.int64)
+        np.cumsum(per_rank, out=rank_base[1:])
+        base = np.empty((3, p), np.int64)
+        base[IN] = rank_base[:-1]
+        base[OUT] = rank_base[:-1] + (0 if in_place else f.in_count)
+        base[TMP] = base[OUT] + sizes[OUT]
+        self.sizes, self.base, self.total = sizes, base, int(rank_base[-1])
 
-    def __init__(self, plan, mode, rank, step):
-        self.plan, self.mode, self.rank, self.step = plan, mode, rank, step
+    # errors -------------------------------------------------------------------------------
+    def where(self, g):
+        f = self.f
+        rank = int(f.step_rank[g])
+        return (f"{f.algorithm} ({self.mode}) rank {rank} step {f.local_step(g) + 1}/"
+                f"{int(f.nsteps[rank])}")
 
-    def __str__(self):
-        return (f"{self.plan.algorithm} ({self.mode}) rank {self.rank} step {self.step + 1}/"
-                f"{len(self.plan.steps)}")
+    def fail(self, g, text):
+        raise AssertionError(f"{self.where(g)}: {text}")
 
-    __format__ = lambda self, spec: str(self)  # noqa: E731
+    def addresses(self, rank, buf, lo, n, steps, what):
+        """Flat addresses of regions, after checking that each lies inside its buffer."""
+        if len(buf) == 0:
+            return buf
+        badbuf = (buf < 0) | (buf > 2)
+        if badbuf.any():
+            k = int(np.flatnonzero(badbuf)[0])
+            self.fail(steps[k], f"{what} names buffer {int(buf[k])}")
+        size = self.sizes[buf, rank]
+        out = (lo < 0) | (n < 0) | (lo + n > size)
+        if out.any():
+            k = int(np.flatnonzero(out)[0])
+            self.fail(steps[k], f"{what} {BUFFER_NAMES[buf[k]]}[{int(lo[k])}:{int(lo[k] + n[k])}] lies outside "
+                                f"its {int(size[k])} elements")
+        return self.base[buf, rank] + lo
 
+    def static_checks(self):
+        f = self.f
+        self.s_addr = self.addresses(f.s_rank, f.s_buf, f.s_lo, f.s_len, f.s_step, "sends")
+        self.r_addr = self.addresses(f.r_rank, f.r_buf, f.r_lo, f.r_len, f.r_step, "receives into")
+        into_in = np.flatnonzero(f.r_buf == IN)
+        if into_in.size:
+            self.fail(f.r_step[into_in[0]], "receives into IN")
+        ok = f.r_match >= 0
+        wrong = np.flatnonzero(ok & (f.s_len[np.where(ok, f.r_match, 0)] != f.r_len))
+        if wrong.size:
+            j = int(wrong[0])
+            self.fail(f.r_step[j], f"message from rank {int(f.r_peer[j])} has {int(f.s_len[f.r_match[j]])} "
+                                   f"elements, expects {int(f.r_len[j])}")
+        kind = f.l_kind
+        l_rank = f.step_rank[f.l_step]
+        writes_in = np.flatnonzero((kind != FINAL) & (f.l_dst == IN))
+        if writes_in.size:
+            self.fail(f.l_step[writes_in[0]], "writes IN")
+        final_ok = (f.l_dst == OUT) | ((f.l_dst == IN) & self.in_place)
+        bad_final = np.flatnonzero((kind == FINAL) & ~final_ok)
+        if bad_final.size:
+            k = int(bad_final[0])
+            self.fail(f.l_step[k], f"FINAL on {BUFFER_NAMES[f.l_dst[k]] if 0 <= f.l_dst[k] <= 2 else f.l_dst[k]}")
+        unknown = np.flatnonzero((kind < REDUCE) | (kind > FINAL))
+        if unknown.size:
+            self.fail(f.l_step[unknown[0]], f"unknown local operation {int(kind[unknown[0]])}")
+        self.l_dst = self.addresses(l_rank, f.l_dst, f.l_dlo, f.l_n, f.l_step, "writes")
+        self.l_a = self.addresses(l_rank, f.l_a, f.l_alo, np.where(kind == FINAL, 0, f.l_n), f.l_step, "reads")
+        self.l_b = self.addresses(l_rank, f.l_b, f.l_blo, np.where(kind == REDUCE, f.l_n, 0), f.l_step, "reads")
 
-def _same(a, b, in_place):
-    return a == b or (in_place and {a, b} == {IN, OUT})
+    # the run ------------------------------------------------------------------------------
+    def run(self):
+        f, eng = self.f, self.eng
+        p = f.p
+        self.static_checks()
+        values = np.zeros((eng.rows, self.total), np.uint64)
+        final = np.zeros(self.total, bool)
+        inputs = _expand(self.base[IN], f.in_count)
+        eng.inputs(values, inputs, np.repeat(np.arange(p, dtype=np.int64), f.in_count))
+        del inputs
+        self.values, self.final = values, final
+        stamp = np.full(self.total, -1, np.int64)  # the step that last sent each element
+        cur = f.start[:-1].copy()
+        stop = cur + f.nsteps
+        posted = np.zeros(p, bool)
+        chunks = {}  # wave -> [values, final flags, messages not yet received]
+        s_chunk = np.full(len(f.s_len), -1, np.int64)
+        s_off = np.zeros(len(f.s_len), np.int64)
+        active = np.flatnonzero(cur < stop)
+        wave = 0
+        while active.size:
+            # ranks that reached a new step post its sends: a snapshot of the regions
+            new = active[~posted[active]]
+            if new.size:
+                g = cur[new]
+                ids = _ranges(f.ss[g], f.ss[g + 1])
+                if ids.size:
+                    lens = f.s_len[ids]
+                    idx = _expand(self.s_addr[ids], lens)
+                    live = int((f.s_match[ids] >= 0).sum())
+                    if live:
+                        chunks[wave] = [values[:, idx], final[idx], live]
+                        s_chunk[ids] = wave
+                        s_off[ids] = np.cumsum(lens) - lens
+                    stamp[idx] = np.repeat(f.s_step[ids], lens)
+                posted[new] = True
+            # ranks whose receives have all been posted move on
+            g = cur[active]
+            counts = f.rs[g + 1] - f.rs[g]
+            rids = _ranges(f.rs[g], f.rs[g + 1])
+            owner = np.repeat(np.arange(len(active)), counts)
+            m = f.r_match[rids]
+            ok = m >= 0
+            mm = m[ok]
+            ok[ok] = cur[f.s_rank[mm]] >= f.s_step[mm]
+            blocked = np.zeros(len(active), bool)
+            blocked[owner[~ok]] = True
+            if blocked.all():
+                break
+            ready = active[~blocked]
+            g = cur[ready]
+            if rids.size:
+                self.receive(rids[~blocked[owner]], stamp, chunks, s_chunk, s_off)
+            lids = _ranges(f.ls[g], f.ls[g + 1])
+            if lids.size:
+                self.local(lids, f.ls[g], f.ls[g + 1] - f.ls[g])
+            cur[ready] += 1
+            posted[ready] = False
+            active = active[cur[active] < stop[active]]
+            wave += 1
+        if active.size:
+            stuck = active.tolist()
+            r = stuck[0]
+            raise AssertionError(f"deadlock: ranks {stuck[:8]} wait forever (rank {r} at step "
+                                 f"{int(cur[r] - f.start[r]) + 1} of {f.algorithm})")
+        lost = np.flatnonzero(f.s_match < 0)
+        if lost.size:
+            i = int(lost[0])
+            raise AssertionError(f"{f.algorithm} ({self.mode}): a message from rank {int(f.s_rank[i])} to rank "
+                                 f"{int(f.s_peer[i])} (channel {int(f.s_chan[i])}) is never received")
+        self.check_outputs()
+        return eng.name
 
+    def receive(self, rids, stamp, chunks, s_chunk, s_off):
+        f, values, final = self.f, self.values, self.final
+        m = f.r_match[rids]
+        lens = f.r_len[rids]
+        dst = _expand(self.r_addr[rids], lens)
+        clash = np.flatnonzero(stamp[dst] == np.repeat(f.r_step[rids], lens))
+        if clash.size:
+            k = int(np.searchsorted(np.cumsum(lens), clash[0], side="right"))
+            self.fail(f.r_step[rids[k]], "sends a region it receives into in the same step")
+        which = s_chunk[m]
+        kinds = np.unique(which)
+        for c in kinds.tolist():
+            if len(kinds) == 1:
+                sel, here, n = slice(None), dst, len(m)
+            else:
+                sel = np.flatnonzero(which == c)
+                here, n = _expand(self.r_addr[rids[sel]], lens[sel]), len(sel)
+            chunk = chunks[c]
+            src = _expand(s_off[m[sel]], lens[sel])
+            values[:, here] = chunk[0][:, src]
+            final[here] = chunk[1][src]
+            chunk[2] -= n
+            if chunk[2] == 0:
+                del chunks[c]
 
-def _apply(engine, op, bufs, where, in_place):
-    kind = op[0]
-    if kind == REDUCE:
-        _, dst, dlo, a, alo, b, blo, n = op
-        if dst == IN:
-            raise AssertionError(f"{where}: writes IN")
-        value = engine.combine(_region(engine, bufs[a], alo, alo + n), _region(engine, bufs[b], blo, blo + n), where)
-        _set(engine, bufs[dst], dlo, value)
-    elif kind == COPY:
-        _, dst, dlo, src, slo, n = op
-        if dst == IN:
-            raise AssertionError(f"{where}: writes IN")
-        if in_place and dlo == slo and {dst, src} == {IN, OUT}:
-            return
-        _set(engine, bufs[dst], dlo, _region(engine, bufs[src], slo, slo + n).copy())
-    elif kind == FINAL:
-        _, buf, lo, n = op
-        if buf != OUT and not (in_place and buf == IN):
-            raise AssertionError(f"{where}: FINAL on {BUFFER_NAMES[buf]}")
-        _set(engine, bufs[buf], lo, engine.finalize(_region(engine, bufs[buf], lo, lo + n), where))
+    def local(self, lids, lstart, counts):
+        """Run the local operations of the steps that complete, position by position."""
+        f = self.f
+        pos = lids - np.repeat(lstart, counts)
+        deepest = int(counts.max())
+        if deepest == 1:
+            groups = [lids]
+        else:
+            order = np.argsort(pos, kind="stable")
+            cut = np.cumsum(np.bincount(pos, minlength=deepest))[:-1]
+            groups = np.split(lids[order], cut)
+        kinds = f.l_kind
+        for ids in groups:
+            k = kinds[ids]
+            first = k[0]
+            if (k == first).all():
+                self.apply(first, ids)
+            else:
+                for kind in (REDUCE, COPY, FINAL):
+                    sub = ids[k == kind]
+                    if sub.size:
+                        self.apply(kind, sub)
+
+    def first_bad(self, mask, ids, n):
+        k = int(np.searchsorted(np.cumsum(n), int(np.flatnonzero(mask)[0]), side="right"))
+        return self.f.l_step[ids[k]]
+
+    def apply(self, kind, ids):
+        f, eng, values, final = self.f, self.eng, self.values, self.final
+        n = f.l_n[ids]
+        dst = _expand(self.l_dst[ids], n)
+        if kind == REDUCE:
+            ia = _expand(self.l_a[ids], n)
+            ib = _expand(self.l_b[ids], n)
+            done = final[ia] | final[ib]
+            if done.any():
+                self.fail(self.first_bad(done, ids, n), "reduces a value that is already final")
+            out, twice = eng.combine(values[:, ia], values[:, ib])
+            if twice.any():
+                self.fail(self.first_bad(twice, ids, n), eng.twice)
+            values[:, dst] = out
+            final[dst] = False
+        elif kind == COPY:
+            src = _expand(self.l_a[ids], n)
+            values[:, dst] = values[:, src]
+            final[dst] = final[src]
+        else:
+            again = final[dst]
+            if again.any():
+                self.fail(self.first_bad(again, ids, n), "FINAL applied twice to one element")
+            partial = ~eng.complete(values[:, dst])
+            if partial.any():
+                self.fail(self.first_bad(partial, ids, n), "FINAL on elements not yet fully reduced")
+            final[dst] = True
+
+    def check_outputs(self):
+        f, eng = self.f, self.eng
+        out_size = self.sizes[OUT]
+        idx = _expand(self.base[OUT], out_size)
+        ends = np.cumsum(out_size)
+        for mask, text in ((eng.complete(self.values[:, idx]), "is not the reduction of every rank's contribution"),
+                           (self.final[idx], "never had FINAL applied")):
+            if not mask.all():
+                k = int(np.flatnonzero(~mask)[0])
+                rank = int(np.searchsorted(ends, k, side="right"))
+                element = k - int(ends[rank] - out_size[rank])
+                if text.startswith("never"):
+                    raise AssertionError(f"{f.algorithm} ({self.mode}): rank {rank} element {element} {text}")
+                raise AssertionError(f"{f.algorithm} ({self.mode}): rank {rank} element {element} of {f.count} {text}")
 
 
 def verify_count(ranks, count):
@@ -481,20 +789,25 @@ def simulate(algorithm, ranks, nbytes, alpha=15e-6, beta=1 / 2.0e9, gamma=1 / 6.
 
 def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, verify_data, record, options):
     plans = build_plans(algorithm, ranks, count, itemsize, topology, **options)
-    finish, links, messages = _time(plans, alpha, beta, gamma, itemsize, topology, record)
+    vcount = verify_count(ranks, count)
+    reuse = verify_data and vcount == count
+    flat = _Flat(plans, ops=reuse)
+    del plans  # the flat arrays hold everything the model and the check read
+    finish, links, messages = _time(None, alpha, beta, gamma, itemsize, topology, record, flat=flat)
     result = SimResult(algorithm, ranks, count * itemsize, max(finish) if finish else 0.0, False,
-                       steps=max(len(p.steps) for p in plans),
-                       bytes_sent=[p.bytes_sent(itemsize) for p in plans],
-                       bytes_received=[p.bytes_received(itemsize) for p in plans],
+                       steps=int(flat.nsteps.max()) if ranks else 0,
+                       bytes_sent=[b * itemsize for b in flat.per_rank(flat.s_rank, flat.s_len)],
+                       bytes_received=[b * itemsize for b in flat.per_rank(flat.r_rank, flat.r_len)],
                        finish=finish, messages=messages)
-    result.critical_path = _critical_path(finish, links, plans)
+    result.critical_path = _critical_path(finish, links)
+    del links
     if verify_data:
-        vcount = verify_count(ranks, count)
-        small = plans if vcount == count else build_plans(algorithm, ranks, vcount, itemsize, topology, **options)
-        del plans
+        if not reuse:
+            del flat
+            flat = _Flat(build_plans(algorithm, ranks, vcount, itemsize, topology, **options), ops=True)
         try:
-            result.verify_mode = verify(small, in_place=False)
-            verify(small, in_place=True)
+            result.verify_mode = verify(None, in_place=False, flat=flat)
+            verify(None, in_place=True, flat=flat)
             result.verified = True
         except AssertionError as exc:
             result.verify_error = str(exc)

@@ -54,12 +54,17 @@ class MPIComm(Communicator):
         self._statuses = {}  # reused Status lists, by request count
         tag_ub = self.mpi_comm.Get_attr(MPI.TAG_UB) or 32767
         self._modulus = max(1, min(tag_ub + 1, 1 << 24) // 8)
+        self._seq = 0
 
     def __repr__(self):
         return f"MPIComm(rank={self.rank}, size={self.size})"
 
     def _tag_modulus(self):
         return self._modulus
+
+    def next_tag(self):
+        seq = self._seq = self._seq + 1
+        return (seq - 1) % self._modulus
 
     # point-to-point
     def isend(self, buf, dest, tag=0):
@@ -286,7 +291,7 @@ class MPIComm(Communicator):
 
 class _PreparedStep:
     __slots__ = ("comm", "recv_specs", "send_specs", "statuses", "tagbox", "recvs", "sends", "what",
-                 "sizes")
+                 "sizes", "pair")
 
     def __init__(self, comm, sends, recvs, tagbox, what):
         self.recv_specs = [([buf, _BYTE], peer, chan) for peer, buf, chan in recvs]
@@ -294,11 +299,18 @@ class _PreparedStep:
         self.sizes = [(index, peer, buf.nbytes) for index, (peer, buf, _) in enumerate(recvs)]
         self.statuses = [MPI.Status() for _ in range(len(recvs) + len(sends))]
         self.comm, self.tagbox, self.recvs, self.sends, self.what = comm.mpi_comm, tagbox, recvs, sends, what
+        self.pair = (self.recv_specs[0] + self.send_specs[0]
+                     if len(self.recv_specs) == 1 and len(self.send_specs) == 1 else None)
 
     def __call__(self):
         comm, tag, statuses = self.comm, self.tagbox[0], self.statuses
-        reqs = [comm.Irecv(spec, peer, tag + chan) for spec, peer, chan in self.recv_specs]
-        reqs += [comm.Isend(spec, peer, tag + chan) for spec, peer, chan in self.send_specs]
+        pair = self.pair
+        if pair is not None:  # the common step: one receive, one send
+            rspec, rpeer, rchan, sspec, speer, schan = pair
+            reqs = [comm.Irecv(rspec, rpeer, tag + rchan), comm.Isend(sspec, speer, tag + schan)]
+        else:
+            reqs = [comm.Irecv(spec, peer, tag + chan) for spec, peer, chan in self.recv_specs]
+            reqs += [comm.Isend(spec, peer, tag + chan) for spec, peer, chan in self.send_specs]
         try:
             for _ in range(_QUICK_SPINS):
                 if _testall(reqs, statuses):

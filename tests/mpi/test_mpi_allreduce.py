@@ -150,3 +150,42 @@ def test_timeout_names_the_silent_rank(monkeypatch):
             collectives.allreduce(np.ones(4), algorithm="ring", comm=comm)
         WORLD.Barrier()
     assert os.environ["COLLECTIVES_TIMEOUT"] == "1"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("op", ["sum", "max", "min", "avg"])
+def test_repeated_small_calls_on_the_same_buffers(op):
+    """Small messages run as prepared programs, bound straight to buffers seen twice in a row:
+    new contents each call, out of place and in place, must still give the native answer."""
+    ok, why = True, ""
+    dtype = np.float64 if op == "avg" else np.int32
+    for algorithm in collectives.algorithms():
+        for count in (1, 5, 1000):
+            sendbuf = np.empty(count, dtype)
+            recvbuf = np.empty(count, dtype)
+            for call in range(5):
+                sendbuf[:] = (np.arange(count) * (WORLD.rank + 1) + call) % 97
+                expected = native(sendbuf, op)
+                collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=WORLD)
+                if not np.array_equal(recvbuf, expected):
+                    ok, why = False, f"{algorithm} count={count} call {call} out of place"
+                inplace = sendbuf.copy()
+                for _ in range(2):  # the same in-place buffer twice: bound on the second call
+                    inplace[:] = sendbuf
+                    collectives.allreduce(inplace, inplace, op=op, algorithm=algorithm, comm=WORLD)
+                if not np.array_equal(inplace, expected):
+                    ok, why = False, f"{algorithm} count={count} call {call} in place"
+    agree(ok, why)
+
+
+@pytest.mark.timeout(60)
+def test_partly_overlapping_small_buffers_are_never_bound():
+    base = np.zeros(12, np.int64)
+    sendbuf, recvbuf = base[:8], base[4:12]  # the same two views every call, overlapping by 4
+    ok = True
+    for call in range(4):
+        sendbuf[:] = np.arange(8) + WORLD.rank + call
+        expected = native(sendbuf.copy(), "sum")
+        collectives.allreduce(sendbuf, recvbuf, algorithm="ring", comm=WORLD)
+        ok = ok and np.array_equal(recvbuf, expected)
+    agree(ok, "overlapping sendbuf/recvbuf gave a wrong result")
