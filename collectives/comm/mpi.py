@@ -17,7 +17,28 @@ from .. import config
 from ..errors import CollectiveTimeout, MismatchError
 from .base import Communicator, check_received
 
-_SPIN_BEFORE_YIELD = 0.002  # seconds of pure polling before yielding the core between polls
+
+
+def _ranks_per_core():
+    """Ranks of this job on this node per usable core, from the launcher's environment
+    (MPICH/Hydra: MPI_LOCALNRANKS; Open MPI: OMPI_COMM_WORLD_LOCAL_SIZE); 0 when unknown."""
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE"):
+        value = os.environ.get(name)
+        if value and value.isdigit():
+            try:
+                cores = len(os.sched_getaffinity(0))
+            except (AttributeError, OSError):  # pragma: no cover - not Linux
+                cores = os.cpu_count() or 1
+            return int(value) / max(1, cores)
+    return 0
+
+
+# Seconds of pure polling before a waiting rank starts yielding its core between polls. With
+# more ranks than cores (oversubscribed) the peer a rank waits for may need this very core, so
+# it yields at once; otherwise a short spin keeps latency low.
+_OVERSUBSCRIBED = _ranks_per_core() > 1
+_SPIN_BEFORE_YIELD = 0.0 if _OVERSUBSCRIBED else 0.002
+_POLLS_PER_CHECK = 4 if _OVERSUBSCRIBED else 64  # polls between deadline checks (and yields)
 _cuda = None  # .cuda, imported when the first device buffer is seen
 
 
@@ -102,7 +123,7 @@ class MPIComm(Communicator):
         spins = 0
         while not testall(mpi_reqs, statuses):
             spins += 1
-            if spins & 63:
+            if spins % _POLLS_PER_CHECK:
                 continue
             now = time.monotonic()
             if now > deadline:
@@ -162,7 +183,7 @@ class MPIComm(Communicator):
         spins = 0
         while not _testall(reqs, statuses):
             spins += 1
-            if spins & 63:
+            if spins % _POLLS_PER_CHECK:
                 continue
             now = time.monotonic()
             if now - start > limit:
@@ -222,7 +243,7 @@ class MPIComm(Communicator):
                     spins = 0
                     continue
                 spins += 1
-                if spins & 63:
+                if spins % _POLLS_PER_CHECK:
                     continue
                 now = time.monotonic()
                 if now - start > limit:
