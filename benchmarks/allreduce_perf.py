@@ -127,15 +127,29 @@ def make_runner(name, comm, op, backend_arrays):
     return oop, ip
 
 
-def time_batch(comm, fn, iters, reset):
+def time_batch(comm, fn, iters):
+    """Seconds per call of ``iters`` back-to-back calls after a barrier, on the slowest rank
+    (as nccl-tests: the loop is timed, so the barrier's exit skew is spread over the batch)."""
     comm.Barrier()
-    total = 0.0
+    start = time.perf_counter()
     for _ in range(iters):
-        reset()
-        start = time.perf_counter()
         fn()
-        total += time.perf_counter() - start
-    return comm.allreduce(total / iters, op=MPI.MAX)
+    return comm.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX)
+
+
+def timed_rounds(args, runners, times, per_round, comm):
+    """Every round visits every algorithm (interleaved), out of place then in place."""
+    for _ in range(max(1, args.rounds)):
+        for name, (oop, ip) in runners.items():  # interleaved: every round visits every algorithm
+            if name == "auto+check":
+                os.environ["COLLECTIVES_CHECK"] = "1"
+            times[name][0].append(time_batch(comm, oop, per_round))
+            times[name][1].append(time_batch(comm, ip, per_round))
+            if name == "auto+check":
+                os.environ.pop("COLLECTIVES_CHECK", None)
+
+
+MIN_BATCH_SECONDS = 2e-3  # small messages: enough calls per batch that one batch lasts this long
 
 
 def fmt_row(cells, widths):
@@ -164,7 +178,9 @@ def main(argv=None):
     ours = collectives.as_comm(comm)
     if rank == 0:
         print(f"# collectives {collectives.__version__} allreduce_perf: {n} ranks, {MPI.Get_library_version().splitlines()[0]}")
-        print(f"# iters {args.iters} warmup {args.warmup_iters} rounds {args.rounds} (median), check {args.check}, "
+        print(f"# iters {args.iters} warmup {args.warmup_iters} rounds {args.rounds} (median; a round times a loop of "
+              f"iters/rounds calls, more for small messages so that it lasts >= {MIN_BATCH_SECONDS * 1e3:g} ms), "
+              f"check {args.check}, "
               f"device {args.device}; vs_nat = native time / our time (>1: faster than MPI_Allreduce)")
         print(f"#{'':>11}{'':>11}{'':>9}{'':>7}{'':>20}{'out-of-place':>44}{'in-place':>44}")
         print(fmt_row(HEADER, WIDTHS))
@@ -212,15 +228,12 @@ def main(argv=None):
                 wrong[name] = ("N/A", "N/A")
         times = {name: ([], []) for name in runners}
         per_round = max(1, args.iters // max(1, args.rounds))
-        reset = lambda: None  # noqa: E731 - in place reduces the previous result again: fine for timing
-        for _ in range(max(1, args.rounds)):
-            for name, (oop, ip) in runners.items():  # interleaved: every round visits every algorithm
-                if name == "auto+check":
-                    os.environ["COLLECTIVES_CHECK"] = "1"
-                times[name][0].append(time_batch(comm, oop, per_round, reset))
-                times[name][1].append(time_batch(comm, ip, per_round, reset))
-                if name == "auto+check":
-                    os.environ.pop("COLLECTIVES_CHECK", None)
+        warm = min(time_batch(comm, oop, 1) for oop, _ in runners.values())  # the same on every rank
+        per_round = max(per_round, min(10000, int(MIN_BATCH_SECONDS / max(warm, 1e-7))))
+        # in place reduces the previous result again, so sums grow to inf over a long batch: harmless
+        # for timing, but NumPy's overflow warning costs microseconds a call, so it is silenced here
+        with np.errstate(over="ignore", invalid="ignore"):
+            timed_rounds(args, runners, times, per_round, comm)
         native_t = [float(np.median(times["native"][k])) for k in (0, 1)]
         for name in runners:
             t = [float(np.median(times[name][k])) for k in (0, 1)]
@@ -233,7 +246,7 @@ def main(argv=None):
                 chosen = f"auto({choose(ours, nbytes, dtype)})"
             label = chosen or name
             records.append({"size": nbytes, "count": count, "type": str(dtype), "redop": args.op, "algorithm": name,
-                            "label": label, "ranks": n,
+                            "label": label, "ranks": n, "calls_per_batch": per_round,
                             "oop": {"time_us": t[0] * 1e6, "algbw": algbw[0], "busbw": busbw[0],
                                     "wrong": wrong[name][0], "vs_native": ratio[0]},
                             "ip": {"time_us": t[1] * 1e6, "algbw": algbw[1], "busbw": busbw[1],
