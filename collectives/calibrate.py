@@ -2,20 +2,31 @@
 
 Run under mpiexec with 2 or more ranks:
 
-    mpiexec -n 2 python -m collectives.simulate --calibrate
+    mpiexec -n 2 python -m collectives.simulate --calibrate [-a ring,tree] [-b 8] [-e 16M] [-f 4] [--json F]
 
-alpha and beta come from a least-squares fit of ping-pong half round trips (8 B .. 4 MiB)
-between ranks 0 and 1; gamma from timing np.add into out= on 8 MiB. Then every algorithm
-runs at a few sizes and the table shows predicted time (the simulator with the fitted
-values) against measured time (median of runs).
+alpha and beta come from a weighted least-squares fit (relative error) of ping-pong half
+round trips between ranks 0 and 1, 8 B .. 4 MiB, through the library's own communicator
+(``exchange``, the call the executor makes once per step, so its Python cost per message is
+in alpha); a raw mpi4py ping-pong is printed beside it for reference. gamma comes from
+timing ``np.add(a, b, out=c)`` on 8 MiB of float32 (seconds per output byte). Then every
+algorithm runs at every size of the sweep (out of place, float32, sum) and the table gives
+measured time (median over calls of the slowest rank's time) against the simulator's
+prediction with the fitted values, and their ratio.
 """
+import os
 import sys
 import time
 
 import numpy as np
 
+PINGPONG_SIZES = [8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
 
-def _pingpong(comm, nbytes, reps):
+
+def _reps(nbytes, small=200, large=10):
+    return max(large, min(small, int(small * 4096 / max(nbytes, 4096))))
+
+
+def _pingpong_mpi(comm, nbytes, reps):
     buf = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
     comm.Barrier()
     start = time.perf_counter()
@@ -29,52 +40,141 @@ def _pingpong(comm, nbytes, reps):
     return (time.perf_counter() - start) / reps / 2
 
 
-def fit(comm):
-    sizes = [8, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22]
-    times = [min(_pingpong(comm, s, max(3, 200 >> (s.bit_length() // 3))) for _ in range(3)) for s in sizes]
-    times = comm.bcast(times, root=0)
-    slope, intercept = np.polyfit(np.array(sizes, float), np.array(times), 1)
+def _pingpong_lib(comm, lib, nbytes, reps):
+    """The same ping-pong through the library's communicator: one ``exchange`` per message."""
+    from .plan import NCHANNELS
+
+    buf = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
+    tag = lib.next_tag() * NCHANNELS
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(reps):
+        if comm.rank == 0:
+            lib.exchange([(1, buf, 0)], [], tag, "ping")
+            lib.exchange([], [(1, buf, 0)], tag, "pong")
+        elif comm.rank == 1:
+            lib.exchange([], [(0, buf, 0)], tag, "ping")
+            lib.exchange([(0, buf, 0)], [], tag, "pong")
+    return (time.perf_counter() - start) / reps / 2
+
+
+def _fit_line(sizes, times):
+    """alpha + m beta through (size, time), least squares on relative error."""
+    m, t = np.array(sizes, float), np.array(times, float)
+    beta, alpha = np.polyfit(m, t, 1, w=1 / t)
+    return max(float(alpha), 1e-7), max(float(beta), 1e-13)
+
+
+def _gamma(comm):
     a = np.ones(1 << 21, np.float32)
     b = np.ones_like(a)
+    c = np.empty_like(a)
     reps = []
-    for _ in range(5):
+    for _ in range(9):
         start = time.perf_counter()
-        np.add(a, b, out=a)
+        np.add(a, b, out=c)
         reps.append(time.perf_counter() - start)
-    gamma = float(np.median(reps)) / a.nbytes
-    gamma = comm.allreduce(gamma) / comm.size
-    return max(float(intercept), 1e-7), max(float(slope), 1e-12), gamma
+    gamma = float(np.median(reps[2:])) / c.nbytes
+    return comm.allreduce(gamma) / comm.size
 
 
-def main():
+def fit(comm, lib=None):
+    """(alpha, beta, gamma, details): the library-path fit, and the raw MPI numbers."""
+    raw = [min(_pingpong_mpi(comm, s, _reps(s)) for _ in range(3)) for s in PINGPONG_SIZES]
+    via = [min(_pingpong_lib(comm, lib, s, _reps(s)) for _ in range(3)) for s in PINGPONG_SIZES] if lib else raw
+    raw, via = comm.bcast((raw, via), root=0)
+    alpha, beta = _fit_line(PINGPONG_SIZES, via)
+    raw_alpha, raw_beta = _fit_line(PINGPONG_SIZES, raw)
+    gamma = _gamma(comm)
+    return alpha, beta, gamma, {"pingpong_sizes": PINGPONG_SIZES, "pingpong_library": via, "pingpong_mpi": raw,
+                                "mpi_alpha": raw_alpha, "mpi_beta": raw_beta}
+
+
+def _sizes(lo, hi, factor):
+    sizes, size = [], max(4, lo)
+    while size <= hi:
+        sizes.append(size)
+        size = max(size + 4, int(size * factor))
+    if sizes and sizes[-1] != hi and hi >= 4:
+        sizes.append(hi)
+    return sizes
+
+
+def measure(comm, name, nbytes, reps):
+    """Median over ``reps`` calls of the slowest rank's time for one out-of-place all-reduce."""
     from mpi4py import MPI
 
     import collectives
+
+    x = np.ones(nbytes // 4, np.float32)
+    out = np.empty_like(x)
+    for _ in range(2):
+        collectives.allreduce(x, out, algorithm=name)
+    runs = []
+    for _ in range(reps):
+        comm.Barrier()
+        start = time.perf_counter()
+        collectives.allreduce(x, out, algorithm=name)
+        runs.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return float(np.median(runs))
+
+
+def main(args=None):
+    from mpi4py import MPI
+
+    import collectives
+    from collectives import simulate as sim
+    from collectives.api import as_comm
 
     comm = MPI.COMM_WORLD
     if comm.size < 2:
         print("calibration needs at least 2 ranks: mpiexec -n 2 python -m collectives.simulate --calibrate")
         return 2
-    alpha, beta, gamma = fit(comm)
+    spec = getattr(args, "algorithms", "all") or "all"
+    names = collectives.algorithms() if spec == "all" else [a.strip() for a in spec.split(",")]
+    lo = sim._size(getattr(args, "minbytes", None) or "8")
+    hi = sim._size(getattr(args, "maxbytes", None) or "16M")
+    sizes = _sizes(lo, hi, getattr(args, "stepfactor", None) or 4)
+    lib = as_comm(comm)
+    alpha, beta, gamma, details = fit(comm, lib)
+    rows = []
     if comm.rank == 0:
-        print(f"# fitted on {comm.size} ranks: alpha {alpha * 1e6:.2f} us, beta {beta * 1e9:.4f} ns/B "
+        print(f"# calibration on {comm.size} ranks, {os.cpu_count()} cores")
+        print("# ping-pong half round trip (us):  size  library-exchange  raw-mpi4py")
+        for s, t_lib, t_mpi in zip(details["pingpong_sizes"], details["pingpong_library"], details["pingpong_mpi"]):
+            fitted = alpha + s * beta
+            print(f"#   {s:>9}  {t_lib * 1e6:>10.2f}  {t_mpi * 1e6:>10.2f}   (fit {fitted * 1e6:.2f})")
+        print(f"# fitted (library path, used below): alpha {alpha * 1e6:.2f} us, beta {beta * 1e9:.4f} ns/B "
               f"({1 / beta / 1e9:.2f} GB/s), gamma {gamma * 1e9:.4f} ns/B ({1 / gamma / 1e9:.2f} GB/s)")
-        print(f"{'size(B)':>10}{'algorithm':>20}{'predicted(us)':>15}{'measured(us)':>14}{'measured/pred':>15}")
-    for nbytes in (8, 8 << 10, 1 << 20, 8 << 20):
-        x = np.ones(nbytes // 4, np.float32)
-        for name in collectives.algorithms():
-            predicted = collectives.simulate(name, ranks=comm.size, nbytes=nbytes, alpha=alpha, beta=beta,
-                                             gamma=gamma, verify_data=False).time
-            runs = []
-            for _ in range(7):
-                comm.Barrier()
-                start = time.perf_counter()
-                collectives.allreduce(x, algorithm=name)
-                runs.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-            measured = float(np.median(runs[2:]))
+        print(f"# raw mpi4py ping-pong fit, for reference: alpha {details['mpi_alpha'] * 1e6:.2f} us, "
+              f"beta {details['mpi_beta'] * 1e9:.4f} ns/B ({1 / details['mpi_beta'] / 1e9:.2f} GB/s)")
+        print(f"{'algorithm':>20}{'size(B)':>10}{'measured(us)':>14}{'predicted(us)':>15}{'ratio':>8}")
+    for name in names:
+        for nbytes in sizes:
+            predicted = sim.simulate(name, ranks=comm.size, nbytes=nbytes, alpha=alpha, beta=beta, gamma=gamma,
+                                     verify_data=False).time
+            measured = measure(comm, name, nbytes, reps=_reps(nbytes, small=31, large=5))
+            ratio = measured / predicted if predicted else float("nan")
+            rows.append({"algorithm": name, "size": nbytes, "measured": measured, "predicted": predicted,
+                         "ratio": ratio})
             if comm.rank == 0:
-                print(f"{nbytes:>10}{name:>20}{predicted * 1e6:>15.1f}{measured * 1e6:>14.1f}"
-                      f"{measured / predicted if predicted else float('nan'):>15.2f}", flush=True)
+                print(f"{name:>20}{nbytes:>10}{measured * 1e6:>14.1f}{predicted * 1e6:>15.1f}{ratio:>8.2f}",
+                      flush=True)
+    if comm.rank == 0:
+        print("# measured/predicted per algorithm: median at <= 32 KiB, at 32 KiB .. 1 MiB, at >= 1 MiB")
+        for name in names:
+            mine = [r for r in rows if r["algorithm"] == name]
+            bands = [[r["ratio"] for r in mine if r["size"] <= 32 << 10],
+                     [r["ratio"] for r in mine if 32 << 10 < r["size"] < 1 << 20],
+                     [r["ratio"] for r in mine if r["size"] >= 1 << 20]]
+            cells = [f"{np.median(b):6.2f}" if b else "     -" for b in bands]
+            print(f"#   {name:>20}  {'  '.join(cells)}")
+        path = getattr(args, "json", None)
+        if path:
+            import json
+            with open(path, "w") as fh:
+                json.dump({"ranks": comm.size, "alpha": alpha, "beta": beta, "gamma": gamma, "details": details,
+                           "rows": rows}, fh, indent=1)
     return 0
 
 

@@ -85,6 +85,8 @@ class block_bounds:
         return self.parts + 1
 
     def __getitem__(self, i):
+        if i.__class__ is int and 0 <= i <= self.parts:  # the common case, first
+            return i * self.q + (i if i < self.r else self.r)
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(self.parts + 1))]
         if i < 0:
@@ -111,6 +113,10 @@ def max_width(bounds):
     return width
 
 
+_EMPTY = Step((), (), ())
+_new_step = tuple.__new__  # Step(...) without the namedtuple's Python-level __new__
+
+
 class PlanBuilder:
     """Collects the steps of one rank's plan. Algorithms compose phases with it.
 
@@ -126,6 +132,9 @@ class PlanBuilder:
         self.size = size
         self.count = count
         self._steps = []
+        # the open step: its lists are made on first use (most steps of a pipelined tree
+        # are empty on most ranks)
+        self._is_open = False
         self._sends = self._recvs = self._local = None
         self._tmp_top = 0
         self._tmp_peak = 0
@@ -144,55 +153,78 @@ class PlanBuilder:
         self._close()
         lists = [t.build().steps for t in tracks]
         self._tmp_top = getattr(self, "_track_mark", self._tmp_top)  # the tracks' scratch is free again
+        append = self._steps.append
         for k in range(max((len(s) for s in lists), default=0)):
-            parts = [s[k] for s in lists if k < len(s)]
-            self._steps.append(Step(tuple(m for p in parts for m in p.sends),
-                                    tuple(m for p in parts for m in p.recvs),
-                                    tuple(o for p in parts for o in p.local)))
+            parts = [s[k] for s in lists if k < len(s) and s[k] is not _EMPTY]
+            if not parts:
+                append(_EMPTY)
+            elif len(parts) == 1:
+                append(parts[0])
+            else:
+                append(Step(tuple(m for p in parts for m in p.sends),
+                            tuple(m for p in parts for m in p.recvs),
+                            tuple(o for p in parts for o in p.local)))
 
     # steps
     def step(self):
-        self._close()
-        self._sends, self._recvs, self._local = [], [], []
+        if self._is_open:
+            self._close()
+        self._is_open = True
         return self
 
     def _close(self):
         # Empty steps are kept while building, so that tracks stay aligned step for step;
         # the plan drops them (they wait for nothing).
-        if self._sends is not None:
-            self._steps.append(Step(tuple(self._sends), tuple(self._recvs), tuple(self._local)))
-        self._sends = self._recvs = self._local = None
-
-    def _open(self):
-        if self._sends is None:
-            self.step()
+        if self._is_open:
+            sends, recvs, local = self._sends, self._recvs, self._local
+            if sends is None and recvs is None and local is None:
+                self._steps.append(_EMPTY)
+            else:
+                self._steps.append(_new_step(Step, (() if sends is None else tuple(sends),
+                                                    () if recvs is None else tuple(recvs),
+                                                    () if local is None else tuple(local))))
+                self._sends = self._recvs = self._local = None
+            self._is_open = False
 
     def send(self, peer, buf, lo, hi, chan=0):
         if hi > lo:
-            self._open()
-            self._sends.append((peer, buf, lo, hi, chan))
+            if not self._is_open:
+                self._is_open = True
+            if self._sends is None:
+                self._sends = [(peer, buf, lo, hi, chan)]
+            else:
+                self._sends.append((peer, buf, lo, hi, chan))
 
     def recv(self, peer, buf, lo, hi, chan=0):
         if hi > lo:
-            self._open()
-            self._recvs.append((peer, buf, lo, hi, chan))
+            if not self._is_open:
+                self._is_open = True
+            if self._recvs is None:
+                self._recvs = [(peer, buf, lo, hi, chan)]
+            else:
+                self._recvs.append((peer, buf, lo, hi, chan))
+
+    def _add_local(self, op):
+        if not self._is_open:
+            self._is_open = True
+        if self._local is None:
+            self._local = [op]
+        else:
+            self._local.append(op)
 
     def reduce(self, dst, dlo, a, alo, b, blo, n):
         if n > 0:
-            self._open()
-            self._local.append((REDUCE, dst, dlo, a, alo, b, blo, n))
+            self._add_local((REDUCE, dst, dlo, a, alo, b, blo, n))
 
     def copy(self, dst, dlo, src, slo, n):
         # An OUT <- IN copy at one offset stays in the plan: it is a no-op only when the
         # call runs in place, and the executor skips it then.
         if n > 0 and not (dst == src and dlo == slo):
-            self._open()
-            self._local.append((COPY, dst, dlo, src, slo, n))
+            self._add_local((COPY, dst, dlo, src, slo, n))
 
     def final(self, buf, lo, n):
         if n > 0:
-            self._open()
-            self._local.append((FINAL, buf, lo, n))
+            self._add_local((FINAL, buf, lo, n))
 
     # scratch
     def scratch(self, n):
@@ -212,6 +244,6 @@ class PlanBuilder:
         self._close()
         steps = self._steps
         if self._parent is None:
-            steps = [s for s in steps if s.sends or s.recvs or s.local]
+            steps = [s for s in steps if s is not _EMPTY and (s.sends or s.recvs or s.local)]
         return Plan(self.algorithm, self.rank, self.size, self.count, steps, self._tmp_peak,
                     in_count, out_count)

@@ -11,20 +11,29 @@ algorithm exists), then
   for, reductions take the union and fail on overlap (double counting), and every element of
   every rank's output must end with all ranks, FINAL applied exactly once, both out of place
   and in place (IN aliased to OUT). Worlds of up to ``EXACT_LIMIT`` ranks use exact sets
-  (Python int bitsets); larger ones use a fingerprint (random 64-bit weight per rank, summed
-  mod 2^64, plus a contribution count), which misses an error with probability ~2^-64.
+  (bitsets of ceil(p/64) words); larger ones use a fingerprint (the sum mod 2^64 of a random
+  odd 64-bit weight per rank), which misses an error with probability ~2^-64. The check runs
+  at ``verify_count(p, count)`` elements (the plans are built again at that count when it is
+  smaller), so that its cost stays bounded at large p.
+
+Scale: the plans are flattened once into numpy arrays (messages matched in post order per
+pair and channel); the model is one event loop over those arrays, and the symbolic check
+moves every rank that can move in one vectorised wave per step. ``--scale-check`` prints
+the wall time per algorithm at 1,024 ranks and, for the logarithmic ones, at 65,536.
 
 Topology: ``Topology(ranks_per_node=k, intra=(alpha, beta), inter=(alpha, beta),
 shared_nic=True)`` prices messages inside and between nodes separately; with a shared NIC
 every message leaving (entering) a node also holds that node's one network port.
 
 CLI: ``python -m collectives.simulate -a ring,tree -p 1024 -b 8 -e 1G [--topology
-nodes=128x8,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared]] [--plot F.png] [--timeline F.png]``
-and ``python -m collectives.simulate --calibrate`` under mpiexec.
+nodes=128x8,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared]] [--plot F.png] [--timeline F.png]``,
+``python -m collectives.simulate --scale-check [--scale-bytes 1M]``, and
+``python -m collectives.simulate --calibrate [-a ...] [-b 8] [-e 16M]`` under mpiexec.
 """
 import heapq
 import importlib
 import operator
+import os
 import sys
 import time
 import types
@@ -37,6 +46,7 @@ from .plan import COPY, FINAL, IN, OUT, REDUCE, TMP, BUFFER_NAMES
 
 _registry = importlib.import_module("collectives.algorithms")
 EXACT_LIMIT = 128
+VERIFY_ELEMENTS = 1 << 22  # symbolic elements per buffer, summed over ranks, in large worlds
 
 
 @dataclass
@@ -170,8 +180,8 @@ class _Flat:
         self.r_step = np.repeat(gid, np.diff(self.rs))
         self.s_rank = self.step_rank[self.s_step]
         self.r_rank = self.step_rank[self.r_step]
-        self.s_peer, self.s_buf, self.s_lo, self.s_hi, self.s_chan = (np.ascontiguousarray(c) for c in S.T)
-        self.r_peer, self.r_buf, self.r_lo, self.r_hi, self.r_chan = (np.ascontiguousarray(c) for c in R.T)
+        self.s_peer, self.s_buf, self.s_lo, self.s_hi, self.s_chan = S.T.copy()  # rows: contiguous
+        self.r_peer, self.r_buf, self.r_lo, self.r_hi, self.r_chan = R.T.copy()
         del S, R
         self.s_len = self.s_hi - self.s_lo
         self.r_len = self.r_hi - self.r_lo
@@ -181,8 +191,8 @@ class _Flat:
             L = np.fromiter(chain.from_iterable(op + _PAD[len(op)] for op in local), np.int64,
                             8 * nops).reshape(-1, 8)
             kind = L[:, 0]
-            self.l_kind = np.ascontiguousarray(kind)
-            self.l_dst, self.l_dlo = np.ascontiguousarray(L[:, 1]), np.ascontiguousarray(L[:, 2])
+            self.l_kind = kind.copy()
+            self.l_dst, self.l_dlo = L[:, 1].copy(), L[:, 2].copy()
             # operands: a for REDUCE and COPY, b for REDUCE only (0 elsewhere)
             self.l_a = np.where(kind == FINAL, 0, L[:, 3])
             self.l_alo = np.where(kind == FINAL, 0, L[:, 4])
@@ -244,10 +254,6 @@ class _Flat:
         return (total[bounds[1:]] - total[bounds[:-1]]).tolist()
 
 
-def _flatten(plans, ops=False):
-    return _Flat(plans, ops)
-
-
 # timing ----------------------------------------------------------------------------------
 def _time(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
     """Discrete-event model: messages start in order of their post time, each holds its
@@ -300,21 +306,21 @@ def _time(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
     outstanding = [0] * p
     post = [0.0] * p
     latest = [0.0] * p
-    cause = [None] * p
+    cause = [-1] * p  # 2 * peer + (0 send, 1 receive): the message that ended the step last
     finish = [0.0] * p
     send_free = [0.0] * p
     recv_free = [0.0] * p
-    link_cause = [None] * G
-    link_time = [None] * G
+    link_cause = [-1] * G
+    link_time = [0.0] * G
     heap = []
     push, pop = heapq.heappush, heapq.heappop
     messages = []
     seq = 0
     early = {}  # global step -> [(end, sender)]: messages that ended before their receiver got there
 
-    def start_step(rank, when):
+    def advance(rank, g, when):
+        """Start step g of ``rank`` at ``when`` (skipping steps without messages)."""
         nonlocal seq
-        g = cur[rank]
         stop = last[rank]
         while g < stop:
             post[rank] = when
@@ -332,20 +338,14 @@ def _time(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
         cur[rank] = g
         finish[rank] = when
 
-    def complete(rank, end, why):
-        if end >= latest[rank]:
-            latest[rank] = end
-            cause[rank] = why
-        outstanding[rank] -= 1
-        if outstanding[rank] == 0:
-            g = cur[rank]
-            link_cause[g] = cause[rank]
-            link_time[g] = latest[rank]
-            cur[rank] = g + 1
-            start_step(rank, latest[rank] + wt[g])
+    def step_done(rank):
+        g = cur[rank]
+        link_cause[g] = cause[rank]
+        link_time[g] = end = latest[rank]
+        advance(rank, g + 1, end + wt[g])
 
     for rank in range(p):
-        start_step(rank, 0.0)
+        advance(rank, first[rank], 0.0)
     while heap:
         ready, _, i = pop(heap)
         src = s_src[i]
@@ -355,31 +355,50 @@ def _time(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
             start = send_free[src]
         if recv_free[dst] > start:
             start = recv_free[dst]
-        nic = nic_arr is not None and nic_arr[i]
-        if nic:
+        if nic_arr is not None and nic_arr[i]:
             ns_, nd_ = src // kpn, dst // kpn
             start = max(start, nic_s[ns_], nic_r[nd_])
-        end = start + dur[i]
-        send_free[src] = end
-        recv_free[dst] = end
-        if nic:
+            end = start + dur[i]
             nic_s[ns_] = end
             nic_r[nd_] = end
+        else:
+            end = start + dur[i]
+        send_free[src] = end
+        recv_free[dst] = end
         if record:
             messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
-        complete(src, end, (0, dst))
+        # the sender's step: one message fewer to wait for
+        if end >= latest[src]:
+            latest[src] = end
+            cause[src] = 2 * dst
+        outstanding[src] -= 1
+        if not outstanding[src]:
+            step_done(src)
+        # the receiver's, if it is there yet
         g = s_rg[i]
         if cur[dst] == g and outstanding[dst] > 0:
-            complete(dst, end, (1, src))
+            if end >= latest[dst]:
+                latest[dst] = end
+                cause[dst] = 2 * src + 1
+            outstanding[dst] -= 1
+            if not outstanding[dst]:
+                step_done(dst)
+        elif g in early:
+            early[g].append((end, src))
         else:
-            early.setdefault(g, []).append((end, src))
-        # ranks that have now reached a step whose messages arrived early
-        for rank in (src, dst):
-            while outstanding[rank] > 0 and cur[rank] in early:
-                for end_time, peer in early.pop(cur[rank]):
-                    complete(rank, max(end_time, post[rank]), (1, peer))
-                    if outstanding[rank] == 0:
-                        break
+            early[g] = [(end, src)]
+        if early:  # ranks that have now reached a step whose messages arrived early
+            for rank in (src, dst):
+                while outstanding[rank] > 0 and cur[rank] in early:
+                    for end_time, peer in early.pop(cur[rank]):
+                        t = post[rank] if post[rank] > end_time else end_time
+                        if t >= latest[rank]:
+                            latest[rank] = t
+                            cause[rank] = 2 * peer + 1
+                        outstanding[rank] -= 1
+                        if not outstanding[rank]:
+                            step_done(rank)
+                            break
     stuck = [r for r in range(p) if cur[r] < last[r]]
     if stuck:
         raise RuntimeError(f"deadlock: ranks {stuck[:8]} never finish (step {cur[stuck[0]] - first[stuck[0]]})")
@@ -400,7 +419,7 @@ def _critical_path(finish, links, plans=None):
     def rows(rank):  # (local step, end time) of the rank's steps that have messages
         if rank not in rows_of:
             base = first[rank]
-            steps = [s for s in range(nsteps[rank]) if link_cause[base + s] is not None]
+            steps = [s for s in range(nsteps[rank]) if link_cause[base + s] >= 0]
             rows_of[rank] = (steps, [link_time[base + s] for s in steps])
         return rows_of[rank]
 
@@ -410,10 +429,10 @@ def _critical_path(finish, links, plans=None):
     while step > 0 and len(path) < 10 ** 6:
         g = first[rank] + step - 1
         why = link_cause[g]
-        if why is None:
+        if why < 0:
             step -= 1
             continue
-        kind, peer = why
+        peer, kind = divmod(why, 2)
         when = link_time[g]
         path.append((rank, step - 1, "recv" if kind else "send", peer, when))
         if kind:  # continue on the sender, at its last step that ended by then
@@ -427,73 +446,97 @@ def _critical_path(finish, links, plans=None):
 
 
 # symbolic check ----------------------------------------------------------------------------
-# All ranks' buffers live in one flat array of symbolic elements; the check runs in waves:
+# All ranks' buffers live in one flat array of symbolic elements. The check runs in waves:
 # every rank that has reached a step posts its sends (a snapshot of the regions, as a real
-# send would read them), then every rank whose receives have all been posted completes its
-# step: receives land, local operations run in order. Each wave is a handful of numpy
-# operations over all the ranks that move in it, so a world of 65,536 ranks that moves in
-# lock step costs one wave per step, not one Python call per rank and step.
+# send reads them), then every rank whose receives have all been posted completes its step:
+# receives land, local operations run in order. A wave is a handful of numpy operations over
+# all the ranks that move in it, so a world that moves in lock step costs one wave per step,
+# not one Python call per rank and step.
 class _Exact:
-    """Each element is a bitset of the ranks it holds (``ceil(p/64)`` words)."""
+    """Each element is a bitset of the ranks it holds: ``ceil(p/64)`` words per element."""
     name = "exact"
 
     def __init__(self, p):
         self.p = p
         self.rows = (p + 63) // 64
-        self.full = np.array([(1 << min(64, p - 64 * w)) - 1 for w in range(self.rows)], np.uint64)[:, None]
+        self.full = np.array([(1 << min(64, p - 64 * w)) - 1 for w in range(self.rows)], np.uint64)
+
+    def zeros(self, n):
+        return np.zeros((n, self.rows), np.uint64)
 
     def inputs(self, values, idx, owners):
-        values[owners // 64, idx] = np.left_shift(np.uint64(1), (owners % 64).astype(np.uint64))
+        values[idx, owners // 64] = np.left_shift(np.uint64(1), (owners % 64).astype(np.uint64))
+
+    @staticmethod
+    def get(values, idx):
+        return values[idx]
+
+    @staticmethod
+    def put(values, idx, new):
+        values[idx] = new
 
     def combine(self, a, b):
-        """(a op b, mask of elements counted twice)."""
-        return a | b, (a & b).any(axis=0)
+        """(a op b, mask of the elements that would count some rank twice)."""
+        return a | b, (a & b).any(axis=1)
 
     twice = "an element reduces some rank's contribution twice"
 
     def complete(self, values):
-        return (values == self.full).all(axis=0)
+        return (values == self.full).all(axis=1)
 
 
 class _Fingerprint:
-    """Rows: sum of random 64-bit rank weights (mod 2^64), contribution count."""
+    """Each element is the sum (mod 2^64) of the random odd 64-bit weights of the ranks it
+    holds: it equals the sum of all weights, with the rank multiset wrong, with probability
+    about 2^-64 (2^-63 for a rank counted three times)."""
     name = "fingerprint"
-    rows = 2
+    twice = None
 
     def __init__(self, p):
         rng = np.random.default_rng(12345)
         self.weights = rng.integers(1, 2 ** 63, p, dtype=np.int64).astype(np.uint64) | np.uint64(1)
         self.total = np.uint64(int(self.weights.astype(object).sum()) % (1 << 64))
         self.p = p
-        self.twice = f"an element holds more than {p} contributions"
+
+    @staticmethod
+    def zeros(n):
+        return np.zeros(n, np.uint64)
 
     def inputs(self, values, idx, owners):
-        values[0, idx] = self.weights[owners]
-        values[1, idx] = 1
+        values[idx] = self.weights[owners]
 
-    def combine(self, a, b):
-        out = a + b
-        return out, out[1] > self.p
+    @staticmethod
+    def get(values, idx):
+        return values.take(idx)
+
+    @staticmethod
+    def put(values, idx, new):
+        np.put(values, idx, new)
+
+    @staticmethod
+    def combine(a, b):
+        return a + b, None
 
     def complete(self, values):
-        return (values[0] == self.total) & (values[1] == self.p)
+        return values == self.total
 
 
 _ENGINES = {"exact": _Exact, "fingerprint": _Fingerprint}
 
 
-def _expand(starts, lens):
+def _expand(starts, lens, dtype=np.int64):
     """The element indices of the regions ``starts[i] : starts[i] + lens[i]``, concatenated."""
     if len(starts) == 0:
-        return np.zeros(0, np.int64)
-    width = lens[0]
+        return np.zeros(0, dtype)
+    starts = starts.astype(dtype, copy=False)
+    width = int(lens[0])
     if (lens == width).all():
         if width == 1:
             return starts
-        return (starts[:, None] + np.arange(width)).ravel()
+        return (starts[:, None] + np.arange(width, dtype=dtype)).ravel()
     total = int(lens.sum())
-    shift = np.cumsum(lens) - lens
-    return np.repeat(starts - shift, lens) + np.arange(total)
+    shift = (np.cumsum(lens) - lens).astype(dtype, copy=False)
+    return np.repeat(starts - shift, lens) + np.arange(total, dtype=dtype)
 
 
 def _ranges(lo, hi):
@@ -506,39 +549,34 @@ def verify(plans, in_place=False, engine=None, flat=None):
     ``engine`` is "exact" (bitsets) or "fingerprint"; by default exact up to ``EXACT_LIMIT``
     ranks. ``flat`` is ``_Flat(plans, ops=True)`` when the caller already has it."""
     f = flat if flat is not None else _Flat(plans, ops=True)
-    p = f.p
     if engine is None:
-        engine = "exact" if p <= EXACT_LIMIT else "fingerprint"
-    eng = _ENGINES[engine](p) if isinstance(engine, str) else engine
-    mode = "in place" if in_place else "out of place"
-    return _Verifier(f, eng, in_place, mode).run()
+        engine = "exact" if f.p <= EXACT_LIMIT else "fingerprint"
+    eng = _ENGINES[engine](f.p) if isinstance(engine, str) else engine
+    return _Verifier(f, eng, in_place).run()
 
 
 class _Verifier:
-    def __init__(self, f, eng, in_place, mode):
-        self.f, self.eng, self.in_place, self.mode = f, eng, in_place, mode
+    def __init__(self, f, eng, in_place):
+        self.f, self.eng, self.in_place = f, eng, in_place
+        self.mode = "in place" if in_place else "out of place"
         p = f.p
         tmp = np.maximum(f.tmp_count, 1)
-        if in_place:  # OUT is IN
-            sizes = np.stack([f.in_count, f.in_count, tmp])
-            per_rank = f.in_count + tmp
-        else:
-            sizes = np.stack([f.in_count, f.out_count, tmp])
-            per_rank = f.in_count + f.out_count + tmp
+        out = f.in_count if in_place else f.out_count  # in place, OUT is IN
+        sizes = np.stack([f.in_count, out, tmp])
         rank_base = np.zeros(p + 1, np.int64)
-        np.cumsum(per_rank, out=rank_base[1:])
+        np.cumsum(f.in_count + (0 if in_place else out) + tmp, out=rank_base[1:])
         base = np.empty((3, p), np.int64)
         base[IN] = rank_base[:-1]
         base[OUT] = rank_base[:-1] + (0 if in_place else f.in_count)
-        base[TMP] = base[OUT] + sizes[OUT]
+        base[TMP] = base[OUT] + out
         self.sizes, self.base, self.total = sizes, base, int(rank_base[-1])
+        self.index = np.int32 if self.total < 2 ** 31 - 1 else np.int64
 
     # errors -------------------------------------------------------------------------------
     def where(self, g):
         f = self.f
         rank = int(f.step_rank[g])
-        return (f"{f.algorithm} ({self.mode}) rank {rank} step {f.local_step(g) + 1}/"
-                f"{int(f.nsteps[rank])}")
+        return f"{f.algorithm} ({self.mode}) rank {rank} step {f.local_step(g) + 1}/{int(f.nsteps[rank])}"
 
     def fail(self, g, text):
         raise AssertionError(f"{self.where(g)}: {text}")
@@ -546,18 +584,18 @@ class _Verifier:
     def addresses(self, rank, buf, lo, n, steps, what):
         """Flat addresses of regions, after checking that each lies inside its buffer."""
         if len(buf) == 0:
-            return buf
+            return buf.astype(self.index)
         badbuf = (buf < 0) | (buf > 2)
         if badbuf.any():
             k = int(np.flatnonzero(badbuf)[0])
             self.fail(steps[k], f"{what} names buffer {int(buf[k])}")
         size = self.sizes[buf, rank]
-        out = (lo < 0) | (n < 0) | (lo + n > size)
-        if out.any():
-            k = int(np.flatnonzero(out)[0])
+        outside = (lo < 0) | (n < 0) | (lo + n > size)
+        if outside.any():
+            k = int(np.flatnonzero(outside)[0])
             self.fail(steps[k], f"{what} {BUFFER_NAMES[buf[k]]}[{int(lo[k])}:{int(lo[k] + n[k])}] lies outside "
                                 f"its {int(size[k])} elements")
-        return self.base[buf, rank] + lo
+        return (self.base[buf, rank] + lo).astype(self.index)
 
     def static_checks(self):
         f = self.f
@@ -572,8 +610,11 @@ class _Verifier:
             j = int(wrong[0])
             self.fail(f.r_step[j], f"message from rank {int(f.r_peer[j])} has {int(f.s_len[f.r_match[j]])} "
                                    f"elements, expects {int(f.r_len[j])}")
+        self.overlap_check()
         kind = f.l_kind
-        l_rank = f.step_rank[f.l_step]
+        unknown = np.flatnonzero((kind < REDUCE) | (kind > FINAL))
+        if unknown.size:
+            self.fail(f.l_step[unknown[0]], f"unknown local operation {int(kind[unknown[0]])}")
         writes_in = np.flatnonzero((kind != FINAL) & (f.l_dst == IN))
         if writes_in.size:
             self.fail(f.l_step[writes_in[0]], "writes IN")
@@ -581,26 +622,48 @@ class _Verifier:
         bad_final = np.flatnonzero((kind == FINAL) & ~final_ok)
         if bad_final.size:
             k = int(bad_final[0])
-            self.fail(f.l_step[k], f"FINAL on {BUFFER_NAMES[f.l_dst[k]] if 0 <= f.l_dst[k] <= 2 else f.l_dst[k]}")
-        unknown = np.flatnonzero((kind < REDUCE) | (kind > FINAL))
-        if unknown.size:
-            self.fail(f.l_step[unknown[0]], f"unknown local operation {int(kind[unknown[0]])}")
+            name = BUFFER_NAMES[f.l_dst[k]] if 0 <= f.l_dst[k] <= 2 else str(int(f.l_dst[k]))
+            self.fail(f.l_step[k], f"FINAL on {name}")
+        l_rank = f.step_rank[f.l_step]
         self.l_dst = self.addresses(l_rank, f.l_dst, f.l_dlo, f.l_n, f.l_step, "writes")
         self.l_a = self.addresses(l_rank, f.l_a, f.l_alo, np.where(kind == FINAL, 0, f.l_n), f.l_step, "reads")
         self.l_b = self.addresses(l_rank, f.l_b, f.l_blo, np.where(kind == REDUCE, f.l_n, 0), f.l_step, "reads")
+
+    def overlap_check(self):
+        """No step sends a region it receives into (IN and OUT are one buffer in place)."""
+        f = self.f
+        if not len(f.s_step) or not len(f.r_step):
+            return
+        # intervals on a line: step, then buffer, then the element offset
+        cls = lambda b: np.where(b == IN, OUT, b) if self.in_place else b  # noqa: E731
+        span = int(max(f.s_hi.max(initial=0), f.r_hi.max(initial=0))) + 1
+        key = lambda step, buf: (step * 3 + cls(buf)) * span  # noqa: E731
+        lo = np.concatenate([key(f.s_step, f.s_buf) + f.s_lo, key(f.r_step, f.r_buf) + f.r_lo])
+        hi = np.concatenate([key(f.s_step, f.s_buf) + f.s_hi, key(f.r_step, f.r_buf) + f.r_hi])
+        is_send = np.zeros(len(lo), bool)
+        is_send[:len(f.s_step)] = True
+        order = np.argsort(lo, kind="stable")
+        lo, hi, is_send = lo[order], hi[order], is_send[order]
+        group = lo - lo % span  # the start of the interval's (step, buffer) line
+        for mine in (is_send, ~is_send):  # each interval against the earlier ones of the other kind
+            reach = np.maximum.accumulate(np.where(mine, hi, group))
+            hit = np.flatnonzero(~mine[1:] & (reach[:-1] > lo[1:]) & (reach[:-1] > group[1:]))
+            if hit.size:
+                i = int(order[hit[0] + 1])
+                step = f.s_step[i] if i < len(f.s_step) else f.r_step[i - len(f.s_step)]
+                self.fail(step, "sends a region it receives into in the same step")
 
     # the run ------------------------------------------------------------------------------
     def run(self):
         f, eng = self.f, self.eng
         p = f.p
         self.static_checks()
-        values = np.zeros((eng.rows, self.total), np.uint64)
+        values = eng.zeros(self.total)
         final = np.zeros(self.total, bool)
-        inputs = _expand(self.base[IN], f.in_count)
+        inputs = _expand(self.base[IN], f.in_count, self.index)
         eng.inputs(values, inputs, np.repeat(np.arange(p, dtype=np.int64), f.in_count))
         del inputs
         self.values, self.final = values, final
-        stamp = np.full(self.total, -1, np.int64)  # the step that last sent each element
         cur = f.start[:-1].copy()
         stop = cur + f.nsteps
         posted = np.zeros(p, bool)
@@ -616,32 +679,35 @@ class _Verifier:
                 g = cur[new]
                 ids = _ranges(f.ss[g], f.ss[g + 1])
                 if ids.size:
-                    lens = f.s_len[ids]
-                    idx = _expand(self.s_addr[ids], lens)
-                    live = int((f.s_match[ids] >= 0).sum())
+                    live = int(np.count_nonzero(f.s_match[ids] >= 0))
                     if live:
-                        chunks[wave] = [values[:, idx], final[idx], live]
+                        lens = f.s_len[ids]
+                        idx = _expand(self.s_addr[ids], lens, self.index)
+                        chunks[wave] = [eng.get(values, idx), final.take(idx), live]
                         s_chunk[ids] = wave
                         s_off[ids] = np.cumsum(lens) - lens
-                    stamp[idx] = np.repeat(f.s_step[ids], lens)
                 posted[new] = True
             # ranks whose receives have all been posted move on
             g = cur[active]
             counts = f.rs[g + 1] - f.rs[g]
             rids = _ranges(f.rs[g], f.rs[g + 1])
-            owner = np.repeat(np.arange(len(active)), counts)
             m = f.r_match[rids]
             ok = m >= 0
             mm = m[ok]
             ok[ok] = cur[f.s_rank[mm]] >= f.s_step[mm]
-            blocked = np.zeros(len(active), bool)
-            blocked[owner[~ok]] = True
-            if blocked.all():
-                break
-            ready = active[~blocked]
-            g = cur[ready]
+            if ok.all():
+                ready = active
+            else:
+                owner = np.repeat(np.arange(len(active)), counts)
+                blocked = np.zeros(len(active), bool)
+                blocked[owner[~ok]] = True
+                if blocked.all():
+                    break
+                ready = active[~blocked]
+                rids = rids[~blocked[owner]]
+                g = cur[ready]
             if rids.size:
-                self.receive(rids[~blocked[owner]], stamp, chunks, s_chunk, s_off)
+                self.receive(rids, chunks, s_chunk, s_off)
             lids = _ranges(f.ls[g], f.ls[g + 1])
             if lids.size:
                 self.local(lids, f.ls[g], f.ls[g + 1] - f.ls[g])
@@ -662,48 +728,37 @@ class _Verifier:
         self.check_outputs()
         return eng.name
 
-    def receive(self, rids, stamp, chunks, s_chunk, s_off):
-        f, values, final = self.f, self.values, self.final
+    def receive(self, rids, chunks, s_chunk, s_off):
+        f, eng = self.f, self.eng
         m = f.r_match[rids]
         lens = f.r_len[rids]
-        dst = _expand(self.r_addr[rids], lens)
-        clash = np.flatnonzero(stamp[dst] == np.repeat(f.r_step[rids], lens))
-        if clash.size:
-            k = int(np.searchsorted(np.cumsum(lens), clash[0], side="right"))
-            self.fail(f.r_step[rids[k]], "sends a region it receives into in the same step")
         which = s_chunk[m]
-        kinds = np.unique(which)
-        for c in kinds.tolist():
-            if len(kinds) == 1:
-                sel, here, n = slice(None), dst, len(m)
-            else:
-                sel = np.flatnonzero(which == c)
-                here, n = _expand(self.r_addr[rids[sel]], lens[sel]), len(sel)
+        waves = np.unique(which)
+        for c in waves.tolist():
+            sel = slice(None) if len(waves) == 1 else np.flatnonzero(which == c)
+            here = _expand(self.r_addr[rids[sel]], lens[sel], self.index)
             chunk = chunks[c]
-            src = _expand(s_off[m[sel]], lens[sel])
-            values[:, here] = chunk[0][:, src]
-            final[here] = chunk[1][src]
-            chunk[2] -= n
+            src = _expand(s_off[m[sel]], lens[sel], self.index)
+            eng.put(self.values, here, eng.get(chunk[0], src))
+            np.put(self.final, here, chunk[1].take(src))
+            chunk[2] -= len(m) if len(waves) == 1 else len(sel)
             if chunk[2] == 0:
                 del chunks[c]
 
     def local(self, lids, lstart, counts):
         """Run the local operations of the steps that complete, position by position."""
-        f = self.f
-        pos = lids - np.repeat(lstart, counts)
+        kinds = self.f.l_kind
         deepest = int(counts.max())
         if deepest == 1:
             groups = [lids]
         else:
+            pos = lids - np.repeat(lstart, counts)
             order = np.argsort(pos, kind="stable")
-            cut = np.cumsum(np.bincount(pos, minlength=deepest))[:-1]
-            groups = np.split(lids[order], cut)
-        kinds = f.l_kind
+            groups = np.split(lids[order], np.cumsum(np.bincount(pos, minlength=deepest))[:-1])
         for ids in groups:
             k = kinds[ids]
-            first = k[0]
-            if (k == first).all():
-                self.apply(first, ids)
+            if (k == k[0]).all():
+                self.apply(int(k[0]), ids)
             else:
                 for kind in (REDUCE, COPY, FINAL):
                     sub = ids[k == kind]
@@ -717,53 +772,53 @@ class _Verifier:
     def apply(self, kind, ids):
         f, eng, values, final = self.f, self.eng, self.values, self.final
         n = f.l_n[ids]
-        dst = _expand(self.l_dst[ids], n)
+        dst = _expand(self.l_dst[ids], n, self.index)
         if kind == REDUCE:
-            ia = _expand(self.l_a[ids], n)
-            ib = _expand(self.l_b[ids], n)
-            done = final[ia] | final[ib]
+            ia = _expand(self.l_a[ids], n, self.index)
+            ib = _expand(self.l_b[ids], n, self.index)
+            done = final.take(ia) | final.take(ib)
             if done.any():
                 self.fail(self.first_bad(done, ids, n), "reduces a value that is already final")
-            out, twice = eng.combine(values[:, ia], values[:, ib])
-            if twice.any():
+            out, twice = eng.combine(eng.get(values, ia), eng.get(values, ib))
+            if twice is not None and twice.any():
                 self.fail(self.first_bad(twice, ids, n), eng.twice)
-            values[:, dst] = out
-            final[dst] = False
+            eng.put(values, dst, out)
+            np.put(final, dst, False)
         elif kind == COPY:
-            src = _expand(self.l_a[ids], n)
-            values[:, dst] = values[:, src]
-            final[dst] = final[src]
+            src = _expand(self.l_a[ids], n, self.index)
+            new, flags = eng.get(values, src), final.take(src)
+            eng.put(values, dst, new)
+            np.put(final, dst, flags)
         else:
-            again = final[dst]
-            if again.any():
-                self.fail(self.first_bad(again, ids, n), "FINAL applied twice to one element")
-            partial = ~eng.complete(values[:, dst])
+            if final.take(dst).any():
+                self.fail(self.first_bad(final.take(dst), ids, n), "FINAL applied twice to one element")
+            partial = ~eng.complete(eng.get(values, dst))
             if partial.any():
                 self.fail(self.first_bad(partial, ids, n), "FINAL on elements not yet fully reduced")
-            final[dst] = True
+            np.put(final, dst, True)
 
     def check_outputs(self):
         f, eng = self.f, self.eng
         out_size = self.sizes[OUT]
-        idx = _expand(self.base[OUT], out_size)
+        idx = _expand(self.base[OUT], out_size, self.index)
         ends = np.cumsum(out_size)
-        for mask, text in ((eng.complete(self.values[:, idx]), "is not the reduction of every rank's contribution"),
-                           (self.final[idx], "never had FINAL applied")):
+        for mask, text in ((eng.complete(eng.get(self.values, idx)),
+                            f"of {f.count} is not the reduction of every rank's contribution"),
+                           (self.final.take(idx), "never had FINAL applied")):
             if not mask.all():
                 k = int(np.flatnonzero(~mask)[0])
                 rank = int(np.searchsorted(ends, k, side="right"))
                 element = k - int(ends[rank] - out_size[rank])
-                if text.startswith("never"):
-                    raise AssertionError(f"{f.algorithm} ({self.mode}): rank {rank} element {element} {text}")
-                raise AssertionError(f"{f.algorithm} ({self.mode}): rank {rank} element {element} of {f.count} {text}")
+                raise AssertionError(f"{f.algorithm} ({self.mode}): rank {rank} element {element} {text}")
 
 
 def verify_count(ranks, count):
     """A small count with the plan's structure: every rank's chunk non-empty where possible,
-    uneven splits, and memory bounded at large worlds."""
+    uneven splits, and work bounded at large worlds (about 4 Mi symbolic elements per buffer
+    over all ranks: 2,051 elements at 1,024 ranks, 64 at 65,536)."""
     if ranks <= EXACT_LIMIT:
         return min(count, 3 * ranks + 2)
-    return max(1, min(count, 2 * ranks + 3, (1 << 28) // (24 * ranks)))
+    return max(1, min(count, 2 * ranks + 3, VERIFY_ELEMENTS // ranks))
 
 
 # the public call ---------------------------------------------------------------------------
@@ -837,7 +892,7 @@ def _parse(argv):
     p.add_argument("-a", "--algorithms", default="all")
     p.add_argument("-p", "--ranks", type=int, default=64)
     p.add_argument("-b", "--minbytes", default="8")
-    p.add_argument("-e", "--maxbytes", default="64M")
+    p.add_argument("-e", "--maxbytes", default=None, help="largest size (default 64M; 16M with --calibrate)")
     p.add_argument("-f", "--stepfactor", type=float, default=4)
     p.add_argument("--alpha", type=float, default=15e-6)
     p.add_argument("--beta", type=float, default=1 / 2.0e9)
@@ -847,6 +902,9 @@ def _parse(argv):
     p.add_argument("--plot")
     p.add_argument("--timeline", help="draw the schedule of the first algorithm at the smallest size")
     p.add_argument("--calibrate", action="store_true", help="under mpiexec: fit alpha, beta, gamma here")
+    p.add_argument("--scale-check", action="store_true",
+                   help="time simulate() for every algorithm at 1024 ranks and the logarithmic ones at 65536")
+    p.add_argument("--scale-bytes", default="1M", help="message size for --scale-check (default 1M)")
     p.add_argument("--json")
     return p.parse_args(argv)
 
@@ -855,14 +913,16 @@ def main(argv=None):
     args = _parse(sys.argv[1:] if argv is None else argv)
     if args.calibrate:
         from .calibrate import main as calibrate_main
-        return calibrate_main()
+        return calibrate_main(args)
     names = _registry.names() if args.algorithms == "all" else [a.strip() for a in args.algorithms.split(",")]
     for name in names:
         _registry.get(name)
+    if args.scale_check:
+        return scale_check(names, _size(args.scale_bytes), args.alpha, args.beta, args.gamma)
     topology, ranks = None, args.ranks
     if args.topology:
         topology, ranks = Topology.parse(args.topology, args.alpha, args.beta)
-    lo, hi = _size(args.minbytes), _size(args.maxbytes)
+    lo, hi = _size(args.minbytes), _size(args.maxbytes or "64M")
     sizes = []
     size = max(4, lo)
     while size <= hi:
@@ -895,6 +955,54 @@ def main(argv=None):
     if args.timeline:
         timeline(names[0], min(ranks, 16), sizes[0], args.timeline, args.alpha, args.beta, args.gamma)
     return 0 if all(r["verified"] for r in rows) or args.no_verify else 1
+
+
+def messages_per_rank(algorithm, ranks, count=None):
+    """The most messages (sent plus received) any rank handles, from the plans."""
+    f = _Flat(build_plans(algorithm, ranks, ranks if count is None else count))
+    per_step = np.diff(f.ss) + np.diff(f.rs)
+    return int(max(f.per_rank(f.step_rank[:-1], per_step[:-1])) if ranks else 0)
+
+
+def logarithmic(algorithm):
+    """True when the busiest rank's message count grows like lg p (measured from the plans
+    at 16 and 256 ranks: lg p doubles, p grows 16x; at most 2.5x counts as logarithmic)."""
+    return messages_per_rank(algorithm, 256) <= 2.5 * messages_per_rank(algorithm, 16)
+
+
+def scale_check(names=None, nbytes=1 << 20, alpha=15e-6, beta=1 / 2.0e9, gamma=1 / 6.0e9, small=1024,
+                large=65536, limit=60.0):
+    """Print the wall time of ``simulate`` (plans, timing model and both symbolic checks) for
+    every algorithm at ``small`` ranks and the logarithmic ones at ``large``. A measurement,
+    not a test: the time depends on the machine and its load."""
+    import gc
+    import platform
+
+    names = _registry.names() if names is None else names
+    print(f"# scale check: simulate(algorithm, ranks, nbytes={nbytes}) with verification, wall time on "
+          f"{platform.node() or 'this machine'} ({os.cpu_count()} cores), limit {limit:g} s")
+    print(f"{'algorithm':>20}{'ranks':>8}{'wall(s)':>9}{'predicted(us)':>15}{'steps':>8}{'verified':>10}"
+          f"{'check':>13}{'<limit':>8}")
+    worst = 0.0
+    ok = True
+    for ranks in (small, large):
+        for name in names:
+            if ranks == large and not logarithmic(name):
+                continue
+            gc.collect()
+            start = time.perf_counter()
+            r = simulate(name, ranks, nbytes, alpha, beta, gamma)
+            wall = time.perf_counter() - start
+            worst = max(worst, wall)
+            ok = ok and r.verified
+            print(f"{name:>20}{ranks:>8}{wall:>9.1f}{r.time * 1e6:>15.1f}{r.steps:>8}"
+                  f"{'yes' if r.verified else 'NO':>10}{r.verify_mode:>13}{'yes' if wall < limit else 'NO':>8}",
+                  flush=True)
+            if r.verify_error:
+                print(f"#   verification failed: {r.verify_error}")
+            del r
+    print(f"# slowest: {worst:.1f} s")
+    return 0 if ok else 1
 
 
 def _plot(rows, path, ranks):

@@ -80,9 +80,12 @@ class _VirtualBounds:
 
     def __init__(self, bounds, fold, hi):
         self.bounds, self.fold, self.hi = bounds, fold, hi
+        self.pof2, self.extra = fold.pof2, fold.extra
 
-    def __getitem__(self, v):
-        return self.hi if v == self.fold.pof2 else self.bounds[self.fold.first(v)]
+    def __getitem__(self, v):  # fold.first(v), inlined: this runs for every step of every rank
+        if v == self.pof2:
+            return self.hi
+        return self.bounds[2 * v if v < self.extra else v + self.extra]
 
 
 def recursive_doubling(b, ranks, lo, hi, src=IN, final=True, chan=0):
