@@ -21,8 +21,10 @@ import numpy as np
 import tensorflow as tf
 
 import collectives
+from collectives.comm.threaded import ThreadedWorld
 
 from . import _tf_internals as _tfi
+from . import _tf_plan
 
 SUM = tf.distribute.ReduceOp.SUM
 MEAN = tf.distribute.ReduceOp.MEAN
@@ -42,6 +44,24 @@ def _static_size(tensor):
     if shape.is_fully_defined():
         return int(np.prod(shape.as_list(), dtype=np.int64))
     return None
+
+
+def _aligned_empty(n, dtype, align=64):
+    """An empty 1-D array whose data starts on an ``align``-byte boundary (TensorFlow then
+    takes it over from a numpy_function without copying, and slices it without copying)."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(n * dtype.itemsize + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + n * dtype.itemsize].view(dtype)
+
+
+def _scale_tf(tensor, divisor):
+    if tensor.dtype.is_integer:
+        return tf.math.floordiv(tensor, tf.constant(divisor, tensor.dtype))
+    return tensor / tf.constant(divisor, tensor.dtype)
+
+
+IMPLEMENTATIONS = ("tf", "numpy")
 
 
 def _reduce_op(reduce_op):
@@ -74,7 +94,7 @@ class CollectivesAllReduce(tf.distribute.CrossDeviceOps):
     """
 
     def __init__(self, algorithm="ring", *, comm=None, bytes_per_pack=None, across_processes="average",
-                 **options):
+                 implementation="tf", **options):
         super().__init__()
         valid = collectives.algorithms()
         if algorithm != "auto" and algorithm not in valid:
@@ -90,20 +110,26 @@ class CollectivesAllReduce(tf.distribute.CrossDeviceOps):
             raise ValueError(f"bytes_per_pack must be an integer >= 0 or None, got {bytes_per_pack!r}")
         if across_processes not in ("average", "sum"):
             raise ValueError(f"across_processes must be 'average' or 'sum', got {across_processes!r}")
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
         self.algorithm = algorithm
         self.options = dict(options)
         self.bytes_per_pack = bytes_per_pack
         self.across_processes = across_processes
+        self.implementation = implementation
         self._comm = comm
         self._mpi = None if comm is None else collectives.as_comm(comm)
         self._lock = threading.Lock()
-        self.calls = 0
-        self.reduced_tensors = 0
+        self._py_calls = 0  # reductions run in a numpy_function
+        self._py_packs = 0
+        self._counter = None  # [calls, packs] of reductions run as TF ops (a variable, made when first needed)
+        self._worlds = {}  # local device count -> ThreadedWorld ("numpy" without comm)
         self._warned_sparse = False
 
     def __repr__(self):
         where = "local devices" if self._mpi is None else f"{self._mpi.size} processes"
-        return f"CollectivesAllReduce(algorithm={self.algorithm!r}, {where}, options={self.options})"
+        return (f"CollectivesAllReduce(algorithm={self.algorithm!r}, {where}, "
+                f"implementation={self.implementation!r}, options={self.options})")
 
     def __deepcopy__(self, memo):
         # strategies deep-copy their cross_device_ops; communicators cannot be copied
@@ -119,10 +145,22 @@ class CollectivesAllReduce(tf.distribute.CrossDeviceOps):
     def num_processes(self):
         return self._num_between_graph_workers
 
+    @property
+    def calls(self):
+        """How many reductions have run (each batch of values sharing source devices counts once)."""
+        return self._py_calls + (0 if self._counter is None else int(self._counter.numpy()[0]))
+
+    @property
+    def reduced_tensors(self):
+        """How many packs those reductions carried."""
+        return self._py_packs + (0 if self._counter is None else int(self._counter.numpy()[1]))
+
     def reset_counters(self):
         with self._lock:
-            self.calls = 0
-            self.reduced_tensors = 0
+            self._py_calls = 0
+            self._py_packs = 0
+            if self._counter is not None:
+                self._counter.assign(tf.zeros([2], tf.int64))
 
     # ------------------------------------------------------------------ CrossDeviceOps API
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
@@ -205,7 +243,7 @@ class CollectivesAllReduce(tf.distribute.CrossDeviceOps):
         outputs = [[None] * len(dests) for _, _, dests in items]
 
         # dtype groups and packs, in order of first appearance
-        packs = []  # (np dtype, [item index])
+        packs = []  # [np dtype, [item index], bytes]
         open_pack = {}
         fallback = []
         for index, (tensors, _, _) in enumerate(items):
@@ -235,50 +273,132 @@ class CollectivesAllReduce(tf.distribute.CrossDeviceOps):
                         total = total / tf.cast(k, total.dtype)
                     outputs[index][j] = total
 
-        if packs:
-            inputs, sizes_per_pack, dtypes = [], [], []
-            for dtype, members, _ in packs:
-                sizes = [tf.size(items[i][0][0]) if _static_size(items[i][0][0]) is None
-                         else _static_size(items[i][0][0]) for i in members]
-                sizes_per_pack.append(sizes)
-                dtypes.append(tf.as_dtype(dtype))
-                for r, device in enumerate(sources):
-                    with tf.device(device):
-                        flats = [tf.reshape(items[i][0][r], [-1]) for i in members]
-                        inputs.append(flats[0] if len(flats) == 1 else tf.concat(flats, 0))
-            n_out = k if self._mpi is None else 1
-            tout = [d for d in dtypes for _ in range(n_out)]
-            runner = self._make_runner(len(packs), k, reduce_op, replicas, n_out)
-            with tf.device(sources[0]):
-                flat_out = tf.numpy_function(runner, inputs, tout, stateful=self._mpi is not None,
-                                             name="collectives_allreduce")
-            if not isinstance(flat_out, (list, tuple)):
-                flat_out = [flat_out]
-            for p, (dtype, members, _) in enumerate(packs):
-                static = [s for s in sizes_per_pack[p] if isinstance(s, int)]
-                total = sum(static) if len(static) == len(members) else None
-                split_cache = {}
-                for slot, i in enumerate(members):
-                    tensors, _, dests = items[i]
-                    for j, device in enumerate(dests):
-                        src = sources.index(device) if (n_out > 1 and device in sources) else 0
-                        key = (device, src)
-                        if key not in split_cache:
-                            with tf.device(device):
-                                buf = flat_out[p * n_out + src]
-                                buf.set_shape([total])
-                                split_cache[key] = (tf.split(buf, sizes_per_pack[p]) if len(members) > 1
-                                                    else [buf])
-                        with tf.device(device):
-                            outputs[i][j] = tf.reshape(split_cache[key][slot], tf.shape(tensors[0]))
-                            if tensors[0].shape.is_fully_defined():
-                                outputs[i][j].set_shape(tensors[0].shape)
+        # single process, "tf": the plans run as TF ops (every size static); the rest in NumPy
+        tf_packs, np_packs = [], []
+        for pack in packs:
+            static = all(_static_size(items[i][0][0]) is not None for i in pack[1])
+            (tf_packs if self._mpi is None and self.implementation == "tf" and static else np_packs).append(pack)
+        for dtype, members, _ in tf_packs:
+            self._tf_pack(sources, items, members, reduce_op, k, outputs)
+        if tf_packs:
+            self._count(sources[0], 0 if np_packs else 1, len(tf_packs))
+        if np_packs:
+            self._numpy_packs(sources, items, np_packs, reduce_op, k, replicas, outputs)
         return [_tfi.mirrored(out) for out in outputs]
+
+    # ------------------------------------------------------------------ "tf": plans as TF ops
+    def _tf_pack(self, sources, items, members, reduce_op, k, outputs):
+        inputs = []
+        for r, device in enumerate(sources):
+            with tf.device(device):
+                inputs.append([tf.reshape(items[i][0][r], [-1]) for i in members])
+        per_rank, _, builder = _tf_plan.allreduce_tf(inputs, sources, self.algorithm, self.options)
+        for slot, i in enumerate(members):
+            tensors, _, dests = items[i]
+            shape = tensors[0].shape
+            done = {}  # the result's pieces -> (device, tensor) assembled from them
+            for j, device in enumerate(dests):
+                r = sources.index(device) if device in sources else 0
+                parts = per_rank[r][slot]
+                key = tuple((t.ref(), off, n) for n, t, off in parts)
+                hit = done.get(key)
+                if hit is not None and _tf_plan.share_memory(hit[0], device):
+                    # the same values, already assembled in the same memory: hand them over (no copy)
+                    with tf.device(device):
+                        outputs[i][j] = tf.identity(hit[1])
+                    continue
+                with tf.device(device):
+                    flat = _tf_plan.assemble(builder, parts, device, tensors[0].dtype)
+                    out = tf.reshape(flat, shape)
+                    if reduce_op == MEAN and k > 1:
+                        out = _scale_tf(out, k)
+                outputs[i][j] = out
+                done.setdefault(key, (device, out))
+
+    def _count(self, device, calls, packs):
+        """Count one reduction (calls) of ``packs`` packs when the graph runs."""
+        with self._lock:
+            if self._counter is None:
+                self._counter = _tfi.plain_variable(np.zeros(2, np.int64), device, "collectives_calls")
+        with tf.device(self._counter.device):
+            self._counter.assign_add(tf.constant([calls, packs], tf.int64))
+
+    # ------------------------------------------------------------------ "numpy": one numpy_function
+    def _numpy_packs(self, sources, items, packs, reduce_op, k, replicas, outputs):
+        inputs, layouts, dtypes = [], [], []
+        for dtype, members, _ in packs:
+            tf_dtype = tf.as_dtype(dtype)
+            static = [_static_size(items[i][0][0]) for i in members]
+            if all(s is not None for s in static):
+                # the layout of the "tf" implementation (so both add in the same order)
+                offsets, count = _tf_plan.aligned_layout(static, dtype.itemsize,
+                                                         k if self._mpi is None else self._mpi.size)
+                layouts.append((offsets, static, count))
+            else:
+                offsets, count = None, None
+                layouts.append((None, [tf.size(items[i][0][0]) if s is None else s
+                                       for i, s in zip(members, static)], None))
+            dtypes.append(tf_dtype)
+            per_device = []
+            for r, device in enumerate(sources):
+                with tf.device(device):
+                    flats, at = [], 0
+                    for slot, i in enumerate(members):
+                        if offsets is not None and offsets[slot] > at:
+                            flats.append(tf.zeros([offsets[slot] - at], tf_dtype))
+                        flats.append(tf.reshape(items[i][0][r], [-1]))
+                        if offsets is not None:
+                            at = offsets[slot] + static[slot]
+                    if offsets is not None and count > at:
+                        flats.append(tf.zeros([count - at], tf_dtype))
+                    per_device.append(flats[0] if len(flats) == 1 else tf.concat(flats, 0))
+            if self._mpi is not None and k > 1:
+                with tf.device(sources[0]):  # the local replicas: added by TF, then one pack crosses processes
+                    per_device = [tf.add_n(per_device)]
+            inputs.extend(per_device)
+        n_in = k if self._mpi is None else 1
+        n_out = k if self._mpi is None else 1
+        tout = [d for d in dtypes for _ in range(n_out)]
+        runner = self._make_runner(len(packs), n_in, reduce_op, replicas, n_out)
+        with tf.device(sources[0]):
+            flat_out = tf.numpy_function(runner, inputs, tout, stateful=self._mpi is not None,
+                                         name="collectives_allreduce")
+        if not isinstance(flat_out, (list, tuple)):
+            flat_out = [flat_out]
+        for p, (dtype, members, _) in enumerate(packs):
+            offsets, sizes, count = layouts[p]
+            pieces = {}
+            for slot, i in enumerate(members):
+                tensors, _, dests = items[i]
+                for j, device in enumerate(dests):
+                    src = sources.index(device) if (n_out > 1 and device in sources) else 0
+                    key = (device, src)
+                    if key not in pieces:
+                        with tf.device(device):
+                            buf = flat_out[p * n_out + src]
+                            if offsets is not None:
+                                buf.set_shape([count])
+                                pieces[key] = [tf.slice(buf, [off], [n]) if len(members) > 1 or off or n != count
+                                               else buf for off, n in zip(offsets, sizes)]
+                            else:
+                                pieces[key] = tf.split(buf, sizes) if len(members) > 1 else [buf]
+                    with tf.device(device):
+                        outputs[i][j] = tf.reshape(pieces[key][slot], tf.shape(tensors[0]))
+                        if tensors[0].shape.is_fully_defined():
+                            outputs[i][j].set_shape(tensors[0].shape)
+
+    def _world(self, k):
+        with self._lock:
+            world = self._worlds.get(k)
+            if world is None:
+                world = self._worlds[k] = ThreadedWorld(k)
+            return world
 
     def _make_runner(self, npacks, k, reduce_op, replicas, n_out):
         algorithm, options, mpi = self.algorithm, self.options, self._mpi
         average_processes = mpi is not None and self.across_processes == "average" and reduce_op == SUM
         divisor = replicas if reduce_op == MEAN else (mpi.size if average_processes else 1)
+        world = self._world(k) if mpi is None and k > 1 else None
 
         def scale(arr):
             if divisor != 1:
@@ -289,30 +409,30 @@ class CollectivesAllReduce(tf.distribute.CrossDeviceOps):
             return arr
 
         def threaded(comm, packs):
-            return [collectives.allreduce(pack[comm.rank], algorithm=algorithm, comm=comm, **options)
-                    for pack in packs]
+            out = []
+            for pack in packs:
+                result = _aligned_empty(pack[comm.rank].size, pack[comm.rank].dtype)
+                collectives.allreduce(pack[comm.rank], result, algorithm=algorithm, comm=comm, **options)
+                out.append(scale(result))
+            return out
 
         def run(*arrays):
             packs = [arrays[p * k:(p + 1) * k] for p in range(npacks)]
             with self._lock:
-                self.calls += 1
-                self.reduced_tensors += npacks
-            out = []
+                self._py_calls += 1
+                self._py_packs += npacks
             if mpi is None:
                 if k == 1:
-                    results = [[np.array(pack[0], copy=True) for pack in packs]]
+                    results = [[scale(np.array(pack[0], copy=True)) for pack in packs]]
                 else:
-                    results = collectives.run_threaded(k, threaded, packs)
-                for p in range(npacks):
-                    out.extend(scale(np.asarray(results[r][p])) for r in range(k))
-                return out
-            for pack in packs:
-                local = np.array(pack[0], copy=True)
-                for other in pack[1:]:
-                    np.add(local, other, out=local)
+                    results = world.run(threaded, packs)
+                return [results[r][p] for p in range(npacks) for r in range(k)]
+            out = []
+            for (local,) in packs:
+                result = _aligned_empty(local.size, local.dtype)
                 if local.size:
-                    collectives.allreduce(local, local, algorithm=algorithm, comm=mpi, **options)
-                out.append(scale(local))
+                    collectives.allreduce(local, result, algorithm=algorithm, comm=mpi, **options)
+                out.append(scale(result))
             return out
 
         return run
@@ -336,7 +456,7 @@ class CollectivesAllReduce(tf.distribute.CrossDeviceOps):
                 pieces.append(flat[offset:offset + n].reshape(tuple(int(s) for s in shape)))
                 offset += n
             with self._lock:
-                self.calls += 1
+                self._py_calls += 1
             return np.moveaxis(np.concatenate(pieces, axis=0), 0, axis)
 
         with tf.device(parts[0].device or "/cpu:0"):

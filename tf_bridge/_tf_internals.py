@@ -18,6 +18,13 @@ Private things used here (all verified on TensorFlow 2.21 / Keras 3.15):
 * ``strategy.extended._cross_device_ops`` / ``_host_cross_device_ops``: the only
   way to put our op into a MultiWorkerMirroredStrategy, whose constructor takes
   no cross_device_ops and asserts its own type.
+* Grappler's ArithmeticOptimizer tag ``_grappler_ArithmeticOptimizer_AddOpsRewriteStage``
+  (an op attribute): set on the adds of a plan run as TF ops, so that grappler does not
+  flatten a tree of same-device adds into one AddN, which would change the order of the
+  additions (``keep_add_order``).
+* ``resource_variable_ops.ResourceVariable`` constructed directly: a plain variable
+  (our op's call counter) even inside a strategy's scope, where ``tf.Variable``
+  would make a MirroredVariable.
 """
 import re
 
@@ -52,6 +59,7 @@ check_version()
 from tensorflow.python.distribute import cross_device_ops as _cdo  # noqa: E402
 from tensorflow.python.distribute import distribute_utils as _distribute_utils  # noqa: E402
 from tensorflow.python.distribute import values as _values  # noqa: E402
+from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops  # noqa: E402
 
 PerReplica = _values.PerReplica
 Mirrored = _values.Mirrored
@@ -73,6 +81,27 @@ def as_per_replica(value):
     if isinstance(value, DistributedValues):
         return value
     return PerReplica((value,))
+
+
+_ADD_ORDER_TAG = "_grappler_ArithmeticOptimizer_AddOpsRewriteStage"
+
+
+def keep_add_order(tensor):
+    """Mark the Add/AddN op that made ``tensor`` as already rewritten, so that grappler's
+    AddOpsRewrite stage neither rewrites it nor absorbs it into a consumer's AddN
+    (which would reassociate the sum). A no-op in eager mode, where grappler never runs."""
+    if not tf.executing_eagerly() and hasattr(tensor, "op"):
+        from tensorflow.core.framework import attr_value_pb2
+
+        tensor.op._set_attr(_ADD_ORDER_TAG, attr_value_pb2.AttrValue(b=True))
+    return tensor
+
+
+def plain_variable(initial_value, device, name):
+    """A non-trainable resource variable on ``device``, created eagerly (outside any tf.function
+    being traced) and outside every strategy's variable creator."""
+    with tf.init_scope(), tf.device(device):
+        return _resource_variable_ops.ResourceVariable(initial_value, trainable=False, name=name)
 
 
 def install_cross_device_ops(strategy, ops):

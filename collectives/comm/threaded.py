@@ -3,11 +3,17 @@
 ``run_threaded(n, fn, *args)`` runs ``fn(comm, *args)`` on n threads and returns
 the results by rank. If any rank raises, every other rank is released from its
 waits (with ``PeerAborted``) and the first exception is re-raised in the caller.
+``ThreadedWorld(n)`` does the same with n long-lived threads and communicators kept
+across calls (``world.run(fn, *args)``): no threads started per call, and each rank's
+scratch buffers and cached call shapes are reused, which is what a caller running
+many small collectives (a training step's all-reduce) needs.
 Sends copy their data at once (MPI buffer semantics: the caller may reuse the
 buffer when the send returns); receives match per (source, tag) in post order.
 """
+import queue as _queue
 import threading
 import time
+import weakref
 from collections import deque
 
 from numpy import ndarray as _ndarray
@@ -238,8 +244,7 @@ class ThreadComm(Communicator):
 
 def run_threaded(n, fn, *args):
     """Run ``fn(comm, *args)`` on ``n`` threads, one communicator each; return results by rank."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"run_threaded needs a world size >= 1, got {n!r}")
+    _check_size(n, "run_threaded")
     shared = _Shared()
     world = _World(n, shared, list(range(n)))
     results = [None] * n
@@ -259,3 +264,104 @@ def run_threaded(n, fn, *args):
     if shared.failed is not None:
         raise shared.failed[1]
     return results
+
+
+def _check_size(n, what):
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"{what} needs a world size >= 1, got {n!r}")
+
+
+def _serve(tasks, done):
+    """A ThreadedWorld rank thread: run tasks until told to stop (None)."""
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        comm, fn, args, results = task
+        try:
+            results[comm.rank] = fn(comm, *args)
+        except BaseException as exc:  # noqa: BLE001 - every failure must release the others
+            comm._world.shared.abort(comm.rank, exc)
+        finally:
+            done.put(comm.rank)
+
+
+def _stop(task_queues):
+    for tasks in task_queues:
+        tasks.put(None)
+
+
+class ThreadedWorld:
+    """A threaded world of ``n`` ranks whose threads and communicators live across calls.
+
+    ``run(fn, *args)`` runs ``fn(comm, *args)`` on every rank and returns the results by
+    rank, like ``run_threaded``; calls are serialized (one collective program at a time).
+    If a rank raises, the others are released (``PeerAborted``), the first exception is
+    re-raised, and the next call gets fresh communicators. ``close()`` (or garbage
+    collection) ends the threads.
+    """
+
+    def __init__(self, n):
+        _check_size(n, "ThreadedWorld")
+        self.size = n
+        self._lock = threading.Lock()
+        self._tasks = [_queue.SimpleQueue() for _ in range(n)]
+        self._done = _queue.SimpleQueue()
+        self._threads = None
+        self._closed = False
+        self._comms = None
+        self._finalizer = weakref.finalize(self, _stop, self._tasks)
+
+    def __repr__(self):
+        return f"ThreadedWorld(size={self.size})"
+
+    def _fresh(self):
+        shared = _Shared()
+        world = _World(self.size, shared, list(range(self.size)))
+        self._comms = [ThreadComm(world, rank) for rank in range(self.size)]
+
+    def comms(self):
+        """The communicators the next ``run`` hands its ranks (rank order)."""
+        with self._lock:
+            if self._comms is None:
+                self._fresh()
+            return list(self._comms)
+
+    def run(self, fn, *args):
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("ThreadedWorld is closed")
+            if self._comms is None:
+                self._fresh()
+            if self._threads is None:
+                self._threads = [threading.Thread(target=_serve, args=(self._tasks[rank], self._done),
+                                                  name=f"collectives-world-rank-{rank}", daemon=True)
+                                 for rank in range(self.size)]
+                for thread in self._threads:
+                    thread.start()
+            comms = self._comms
+            comms[0]._world.queues.clear()  # nothing from an earlier call can be matched now
+            results = [None] * self.size
+            for rank, comm in enumerate(comms):
+                self._tasks[rank].put((comm, fn, args, results))
+            for _ in range(self.size):
+                self._done.get()
+            failed = comms[0]._world.shared.failed
+            if failed is not None:
+                self._comms = None  # the next call starts from a clean world
+                raise failed[1]
+            return results
+
+    def close(self):
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._finalizer()
+                for thread in self._threads or ():
+                    thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
