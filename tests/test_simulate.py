@@ -21,6 +21,19 @@ def test_every_algorithm_verifies(algorithm, p):
         assert len(r.bytes_sent) == p and r.time >= 0
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 16])
+def test_scratch_stays_within_one_message(algorithm, p):
+    # the library's extra memory per rank (plan scratch) stays within the user's message, give or
+    # take a rounding element per rank; the trees keep two segment slots (2 x 256 KiB) at least
+    from collectives.algorithms.tree import DEFAULT_SEGMENT_BYTES
+    for count in (1000, 12345, 1 << 18, 3 << 20):
+        for options in ({}, {"group_size": 2}) if algorithm == "hierarchical_copy" else ({},):
+            plans = sim.build_plans(algorithm, p, count, itemsize=4, **options)
+            bound = max(count + p, 2 * DEFAULT_SEGMENT_BYTES // 4 if "tree" in algorithm else 0)
+            assert max(plan.tmp_count for plan in plans) <= bound, (options, count)
+
+
 def test_large_world_uses_fingerprint_and_verifies():
     r = collectives.simulate("rabenseifner", ranks=300, nbytes=1 << 16)
     assert r.verified and r.verify_mode == "fingerprint"

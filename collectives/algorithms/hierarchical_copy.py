@@ -9,12 +9,14 @@ all-reduce it across groups with a ring; each leader then copies its part back
 to the other members of its group. Only leaders cross group boundaries, so the
 slow links between nodes carry 2(g-1)/g of a part per leader.
 
-Steps: 1 + 2(g-1) + 1. Bytes sent per rank: (k-1)/k N inside the group for a
+Steps: s + 2(g-1) + 1, where the s = about ceil(g/k)(k-1)/g segments of the first phase keep a
+leader's scratch within one message (a single group of k: s = k-1 steps of N/(k-1) bytes from
+each member). Bytes sent per rank: (k-1)/k N inside the group for a
 group of k (members to leaders), 2(g-1)/g N/g per led part across groups, and
 N/g * (k-1) per led part back inside the group.
 Cost: 2(alpha + N/g (k-1) beta_intra) + ring over g ranks of N/g bytes
 (2(g-1) alpha_inter + 2(g-1)/g N/g beta_inter) + N gamma at the leaders.
-Limits: leaders receive k-1 parts at once inside a group (incast), so it suits
+Limits: leaders receive from k-1 members at once inside a group (incast), so it suits
 small groups with fast links inside and a slower network between them.
 Reference: TensorFlow, tensorflow/python/distribute/cross_device_ops.py
 (HierarchicalCopyAllReduce), and all_reduce.py's build_shuffle_then_ring.
@@ -57,30 +59,46 @@ def build(rank, size, count, itemsize=1, groups=None):
     led = [part for part in range(ngroups) if leader(part, mine) == rank]
     b = PlanBuilder(NAME, rank, size, count)
 
-    # reduce each part to its leader inside the group
-    b.step()
+    # reduce each part to its leader inside the group, in segments: a leader takes one segment
+    # of every led part from every member per step, so its scratch stays within the message
     width = max(bounds[p + 1] - bounds[p] for p in range(ngroups))
+    k = len(mine)
+    most_led = -(-ngroups // k)  # the same on every member: leaders lead ceil(g/k) parts at most
+    nseg = max(1, min(width, -(-most_led * (k - 1) * width // max(count, 1))))
+    while nseg < width and most_led * (k - 1) * -(-width // nseg) > count:
+        nseg += 1  # rounding up the segment width may overshoot by a few elements
+    seg_width = -(-width // nseg) if width else 0
     slots = {}
-    for part in range(ngroups):
-        lo, hi = bounds[part], bounds[part + 1]
-        owner = leader(part, mine)
-        if owner != rank:
-            b.send(owner, IN, lo, hi)
-        else:
-            for member in mine:
-                if member != rank:
-                    slot = b.scratch(width)
-                    slots[part, member] = slot
-                    b.recv(member, TMP, slot, slot + hi - lo)
     for part in led:
-        lo, hi = bounds[part], bounds[part + 1]
-        have = IN
-        for member in mine:  # members in rank order: a fixed reduction order
+        for member in mine:
             if member != rank:
-                b.reduce(OUT, lo, have, lo, TMP, slots[part, member], hi - lo)
-                have = OUT
-        if have == IN:
-            b.copy(OUT, lo, IN, lo, hi - lo)
+                slots[part, member] = b.scratch(seg_width)
+    for seg in range(nseg):
+        b.step()
+        for part in range(ngroups):
+            lo, hi = bounds[part], bounds[part + 1]
+            slo, shi = min(hi, lo + seg * seg_width), min(hi, lo + (seg + 1) * seg_width)
+            if slo == shi:
+                continue
+            owner = leader(part, mine)
+            if owner != rank:
+                b.send(owner, IN, slo, shi)
+            else:
+                for member in mine:
+                    if member != rank:
+                        b.recv(member, TMP, slots[part, member], slots[part, member] + shi - slo)
+        for part in led:
+            lo, hi = bounds[part], bounds[part + 1]
+            slo, shi = min(hi, lo + seg * seg_width), min(hi, lo + (seg + 1) * seg_width)
+            if slo == shi:
+                continue
+            have = IN
+            for member in mine:  # members in rank order: a fixed reduction order
+                if member != rank:
+                    b.reduce(OUT, slo, have, slo, TMP, slots[part, member], shi - slo)
+                    have = OUT
+            if have == IN:
+                b.copy(OUT, slo, IN, slo, shi - slo)
     if slots:
         b.release(min(slots.values()))
 

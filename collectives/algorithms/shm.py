@@ -6,8 +6,12 @@ window (``Split_type(COMM_TYPE_SHARED)`` + ``Win.Allocate_shared``), then
 reduces block i (numpy.array_split bounds) of the result from its own input
 and block i of every peer's window, in rank order, publishes
 the finished block, and copies the other ranks' finished blocks into its
-output. Two barriers a call; the window has two halves used in turn, so a
-fast rank's next call never overwrites memory a slow rank is still reading.
+output. Two barriers a call. A small window (up to 1 MiB of data) has two
+halves used in turn, so a fast rank's next call never overwrites memory a slow
+rank is still reading; a large one has one region of the message's size, which
+is safe while the shape repeats (a rank's next publish never touches its own
+block, the only part peers read after the second barrier) and costs one more
+barrier on a call whose shape differs from the last.
 A fixed-size header before the data (call sequence number, count, dtype, op)
 is published with it; after the first barrier every rank compares every
 header before reading any peer's data, so mismatched calls raise the same
@@ -26,8 +30,8 @@ writes (n-1)/n N (publish) + N/n (its finished block) and reads (n-1)/n N
 Cost: as messages 2(n-1) alpha + 2(n-1)/n N beta + (n-1)/n N gamma; on a node,
 about 2 barriers + (2N + 2N(n-1)/n) / memory bandwidth + N/n n gamma.
 Limits: one node only (the fast path needs every rank in one shared-memory
-domain; otherwise the message plan runs); the window holds 2N bytes (at least
-128 KiB) and a 64-byte header per rank.
+domain; otherwise the message plan runs); the window holds N bytes for
+messages over 1 MiB (2N, at least 128 KiB, below) and a 64-byte header per rank.
 Reference: MPI-3.1 standard, section 11.2.3 (Win.Allocate_shared); the
 "one-shot/two-shot" all-reduce of Jocksch et al., "Optimised all-to-all
 communication on multicore architectures applied to FFTs" (2020) and NCCL's
@@ -100,6 +104,7 @@ _HEADER = 64  # bytes: 8 int64 slots, keeps the data halves 64-byte aligned
 _FIELDS = ("call sequence", "op", "dtype", "count")  # the slots, in the order differences are named
 _SEQ, _OP, _DTYPE, _COUNT = range(4)
 _FIRST_CAPACITY = 1 << 16  # bytes per half of the first window, whatever the first call's count
+_DOUBLE_MAX = 1 << 20  # windows up to this capacity have two halves; larger ones a single region
 
 
 def available(comm):
@@ -116,7 +121,9 @@ class _Window:
 
         self.nbytes = nbytes  # capacity of each half, the same on every rank
         self.seq = seq
-        total = _HEADER + 2 * nbytes
+        self.halves = 2 if nbytes <= _DOUBLE_MAX else 1
+        self.shape = None  # (count, itemsize) of the last call that every rank agreed on
+        total = _HEADER + self.halves * nbytes
         self.win = MPI.Win.Allocate_shared(total, 1, comm=comm.mpi_comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.segments, self.headers = [], []
@@ -127,8 +134,8 @@ class _Window:
             self.segments.append(segment[_HEADER:])
         self.header = self.headers[comm.rank]
 
-    def views(self, dtype, count, parity):
-        half = parity * self.nbytes
+    def views(self, dtype, count, seq):
+        half = (seq & 1) * self.nbytes if self.halves == 2 else 0
         n = count * dtype.itemsize
         return [seg[half:half + n].view(dtype) for seg in self.segments]
 
@@ -225,9 +232,12 @@ def run(comm, inbuf, outbuf, reduce_fn, final_fn):
     rank = comm.rank
     bounds = block_bounds(count, comm.size)
     lo, hi = bounds[rank], bounds[rank + 1]
-    fits = nbytes <= window.nbytes
-    if fits:  # publish the data with the header: one barrier covers both
-        views = window.views(dtype, count, seq & 1)
+    shape = (count, dtype.itemsize)
+    # publish the data with the header (one barrier covers both) when it fits and, in a
+    # single-region window, the shape repeats; otherwise once the headers agree
+    early = nbytes <= window.nbytes and (window.halves == 2 or shape == window.shape)
+    if early:
+        views = window.views(dtype, count, seq)
         _publish(views[rank], inbuf, lo, hi)
     _sync(comm, window)
     for h in window.headers:  # every rank checks every header before reading any peer's data
@@ -235,12 +245,16 @@ def run(comm, inbuf, outbuf, reduce_fn, final_fn):
             error = _mismatch(window.headers)
             _sync(comm, window)  # no rank leaves (and writes its next header) before all have read
             raise error
-    if not fits:  # the headers agree, so every rank needs the same size: all grow together
-        window.free()
-        window = comm._shm_window = _Window(comm, max(nbytes, 2 * window.nbytes), seq)
-        views = window.views(dtype, count, seq & 1)
+    if not early:  # the headers agree, so every rank takes this branch, and grows together
+        if nbytes > window.nbytes:
+            window.free()
+            grown = max(nbytes, 2 * window.nbytes) if nbytes <= _DOUBLE_MAX else nbytes
+            window = comm._shm_window = _Window(comm, grown, seq)
+        # (a single-region window: every rank is past the last call's reads, so publish now)
+        views = window.views(dtype, count, seq)
         _publish(views[rank], inbuf, lo, hi)
         _sync(comm, window)
+    window.shape = shape
     mine = views[rank]
     # reduce-scatter: my block, from my own input and every peer's window, in rank order
     block = outbuf[lo:hi]

@@ -189,3 +189,35 @@ def test_partly_overlapping_small_buffers_are_never_bound():
         collectives.allreduce(sendbuf, recvbuf, algorithm="ring", comm=WORLD)
         ok = ok and np.array_equal(recvbuf, expected)
     agree(ok, "overlapping sendbuf/recvbuf gave a wrong result")
+
+
+@pytest.mark.timeout(120)
+def test_shm_large_windows_across_repeated_and_changing_shapes():
+    """Past 1 MiB the shm window has one region, reused while the shape repeats and
+    republished after one more barrier when it changes: a rank that runs ahead into its next
+    call must never overwrite a block a slower rank is still reading. Rank 0 lags on purpose."""
+    import time
+
+    class SlowCopies(np.ndarray):  # rank 0's result buffer: every copy into it lags
+        def __setitem__(self, index, value):
+            time.sleep(0.01)
+            super().__setitem__(index, value)
+
+    ok, why = True, ""
+    comm = collectives.as_comm(WORLD.Dup())
+    shapes = [(400_000, np.int32)] * 3 + [(300_000, np.int64), (700_000, np.int16), (400_000, np.int32),
+                                          (350_001, np.int32), (350_001, np.int32), (1000, np.int32)]
+    sendbufs = [((np.arange(count) * 3 + call * 11 + WORLD.rank) % 1000).astype(dtype)
+                for call, (count, dtype) in enumerate(shapes)]
+    recvbufs = [np.empty_like(sendbuf) for sendbuf in sendbufs]
+    if WORLD.rank == 0:
+        recvbufs = [recvbuf.view(SlowCopies) for recvbuf in recvbufs]
+    for sendbuf, recvbuf in zip(sendbufs, recvbufs):  # back to back: nothing else synchronises
+        collectives.allreduce(sendbuf, recvbuf, comm=comm, algorithm="shm")
+    for call, (sendbuf, recvbuf) in enumerate(zip(sendbufs, recvbufs)):
+        count, dtype = shapes[call]
+        y = np.asarray(recvbuf)
+        right, same = np.array_equal(y, native(sendbuf, "sum")), identical_everywhere(y)  # both collective
+        if not (right and same):
+            ok, why = False, f"call {call} ({count} x {np.dtype(dtype)}) wrong or not identical"
+    agree(ok, why)
