@@ -14,6 +14,15 @@ else:  # pragma: no cover - other platforms
     def is_set(name):
         return name in os.environ
 _KEYS = {name: name.encode() for name in ("COLLECTIVES_ALGO", "COLLECTIVES_CHECK", "COLLECTIVES_TIMEOUT")}
+
+
+if os.name == "posix" and isinstance(_data, dict):
+    def no_overrides(_data=_data, _algo=_KEYS["COLLECTIVES_ALGO"], _check=_KEYS["COLLECTIVES_CHECK"]):
+        """Neither COLLECTIVES_ALGO nor COLLECTIVES_CHECK is set: the calls' short paths apply."""
+        return _algo not in _data and _check not in _data
+else:  # pragma: no cover - other platforms
+    def no_overrides():
+        return "COLLECTIVES_ALGO" not in os.environ and "COLLECTIVES_CHECK" not in os.environ
 _timeout_cache = [None, DEFAULT_TIMEOUT]
 
 
