@@ -273,7 +273,7 @@ def main(argv=None):
               ", ".join(f"{name} {np.mean(v):.3f}" for name, v in busbw_by_algo.items()))
         print(f"# Peak memory per rank (max RSS): {max(peaks) / 1024:.1f} MiB; library memory per rank: plan "
               f"scratch {max(scratches) / 2**20:.2f} MiB, shm window {max(windows) / 2**20:.2f} MiB "
-              f"(largest message {args.maxbytes / 2**20:.2f} MiB)")
+              f"(largest message {max((r['size'] for r in records), default=0) / 2**20:.2f} MiB)")
         print(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}", flush=True)
     if args.json and rank == 0:
         with open(args.json, "w") as f:
