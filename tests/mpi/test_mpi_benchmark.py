@@ -1,0 +1,48 @@
+"""The Quick start's main job, benchmarks/allreduce_perf.py, on a tiny sweep under mpiexec: every
+algorithm and native in the table, no wrong elements, the JSON and plot written."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py")
+from mpi4py import MPI  # noqa: E402
+
+import collectives  # noqa: E402
+from benchmarks import allreduce_perf  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+
+
+@pytest.mark.timeout(300)
+def test_sweep_prints_every_algorithm_against_native_and_writes_json(tmp_path_factory, capsys):
+    folder = WORLD.bcast(str(tmp_path_factory.mktemp("bench")) if WORLD.rank == 0 else None)
+    out = os.path.join(folder, "sweep.json")
+    plot = os.path.join(folder, "sweep.png")
+    argv = ["-b", "8", "-e", "64K", "-f", "32", "-n", "2", "-w", "1", "-a", "all", "-c", "1", "-d", "int32",
+            "--json", out, "--plot", plot]
+    allreduce_perf.main(argv)
+    text = capsys.readouterr().out
+    WORLD.Barrier()
+    ok, why = True, ""
+    if WORLD.rank == 0:
+        with open(out) as fh:
+            records = json.load(fh)["records"]
+        sizes = sorted({r["size"] for r in records})
+        names = {r["algorithm"] for r in records}
+        expected = set(collectives.algorithms()) | {"native", "auto"}
+        if sizes != [8, 256, 8192]:
+            ok, why = False, f"sizes {sizes}"
+        elif names != expected:
+            ok, why = False, f"algorithms {sorted(names)} != {sorted(expected)}"
+        elif any(r["oop"]["wrong"] or r["ip"]["wrong"] for r in records):
+            ok, why = False, "wrong elements reported"
+        elif not all(np.isfinite(r["oop"]["vs_native"]) and r["oop"]["time_us"] > 0 for r in records):
+            ok, why = False, "missing times or ratios"
+        elif "Avg bus bandwidth" not in text or "Out of bounds values : 0 OK" not in text:
+            ok, why = False, "closing lines missing"
+        elif not os.path.exists(plot) or not os.path.getsize(plot):
+            ok, why = False, "empty plot"
+    assert WORLD.allreduce(bool(ok), op=MPI.LAND), why or "rank 0 found a problem"
