@@ -329,6 +329,14 @@ class _PreparedStep:
         if pair is not None:  # the common step: one receive, one send
             rspec, rpeer, rchan, sspec, speer, schan = pair
             reqs = [comm.Irecv(rspec, rpeer, tag + rchan), comm.Isend(sspec, speer, tag + schan)]
+            try:
+                if _testall(reqs, statuses) or _testall(reqs, statuses) or _testall(reqs, statuses):
+                    got = statuses[0].Get_count(_BYTE)
+                    if got != self.sizes[0][2]:
+                        check_received(rpeer, self.sizes[0][2], got, self.what)
+                    return
+            except MPI.Exception as exc:
+                self._raise(exc)
         else:
             reqs = [comm.Irecv(spec, peer, tag + chan) for spec, peer, chan in self.recv_specs]
             reqs += [comm.Isend(spec, peer, tag + chan) for spec, peer, chan in self.send_specs]
@@ -343,15 +351,18 @@ class _PreparedStep:
                 else:
                     MPIComm._poll_step(reqs, statuses, self.recvs, self.sends, limit, self.what)
         except MPI.Exception as exc:
-            if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
-                peers = ", ".join(str(peer) for peer, _, _ in self.recvs)
-                raise MismatchError(f"{self.what}: a message from rank(s) {peers} is longer than expected "
-                                    f"(ranks disagree on count, dtype or algorithm)") from None
-            raise
+            self._raise(exc)
         for index, peer, nbytes in self.sizes:
             got = statuses[index].Get_count(_BYTE)
             if got != nbytes:
                 check_received(peer, nbytes, got, self.what)
+
+    def _raise(self, exc):
+        if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
+            peers = ", ".join(str(peer) for peer, _, _ in self.recvs)
+            raise MismatchError(f"{self.what}: a message from rank(s) {peers} is longer than expected "
+                                f"(ranks disagree on count, dtype or algorithm)") from None
+        raise exc
 
 
 class _Req:
