@@ -75,11 +75,13 @@ def build(rank, size, count, itemsize=1, groups=None):
                 slots[part, member] = b.scratch(seg_width)
     for seg in range(nseg):
         b.step()
+        pieces = []  # (part, lo, hi) of this segment, parts that still have elements in it
         for part in range(ngroups):
             lo, hi = bounds[part], bounds[part + 1]
             slo, shi = min(hi, lo + seg * seg_width), min(hi, lo + (seg + 1) * seg_width)
-            if slo == shi:
-                continue
+            if slo < shi:
+                pieces.append((part, slo, shi))
+        for part, slo, shi in pieces:
             owner = leader(part, mine)
             if owner != rank:
                 b.send(owner, IN, slo, shi)
@@ -87,10 +89,8 @@ def build(rank, size, count, itemsize=1, groups=None):
                 for member in mine:
                     if member != rank:
                         b.recv(member, TMP, slots[part, member], slots[part, member] + shi - slo)
-        for part in led:
-            lo, hi = bounds[part], bounds[part + 1]
-            slo, shi = min(hi, lo + seg * seg_width), min(hi, lo + (seg + 1) * seg_width)
-            if slo == shi:
+        for part, slo, shi in pieces:
+            if leader(part, mine) != rank:
                 continue
             have = IN
             for member in mine:  # members in rank order: a fixed reduction order
