@@ -188,8 +188,7 @@ class PlanBuilder:
 
     def send(self, peer, buf, lo, hi, chan=0):
         if hi > lo:
-            if not self._is_open:
-                self._is_open = True
+            self._is_open = True
             if self._sends is None:
                 self._sends = [(peer, buf, lo, hi, chan)]
             else:
@@ -197,16 +196,14 @@ class PlanBuilder:
 
     def recv(self, peer, buf, lo, hi, chan=0):
         if hi > lo:
-            if not self._is_open:
-                self._is_open = True
+            self._is_open = True
             if self._recvs is None:
                 self._recvs = [(peer, buf, lo, hi, chan)]
             else:
                 self._recvs.append((peer, buf, lo, hi, chan))
 
     def _add_local(self, op):
-        if not self._is_open:
-            self._is_open = True
+        self._is_open = True
         if self._local is None:
             self._local = [op]
         else:

@@ -344,6 +344,18 @@ def _time(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
         link_time[g] = end = latest[rank]
         advance(rank, g + 1, end + wt[g])
 
+    def arrived(rank, when, why):
+        """One message of ``rank``'s current step ended at ``when`` (``why``: its cause code);
+        True when that was the step's last one."""
+        if when >= latest[rank]:
+            latest[rank] = when
+            cause[rank] = why
+        outstanding[rank] -= 1
+        if outstanding[rank]:
+            return False
+        step_done(rank)
+        return True
+
     for rank in range(p):
         advance(rank, first[rank], 0.0)
     while heap:
@@ -367,22 +379,11 @@ def _time(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
         recv_free[dst] = end
         if record:
             messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
-        # the sender's step: one message fewer to wait for
-        if end >= latest[src]:
-            latest[src] = end
-            cause[src] = 2 * dst
-        outstanding[src] -= 1
-        if not outstanding[src]:
-            step_done(src)
+        arrived(src, end, 2 * dst)  # the sender's step: one message fewer to wait for
         # the receiver's, if it is there yet
         g = s_rg[i]
         if cur[dst] == g and outstanding[dst] > 0:
-            if end >= latest[dst]:
-                latest[dst] = end
-                cause[dst] = 2 * src + 1
-            outstanding[dst] -= 1
-            if not outstanding[dst]:
-                step_done(dst)
+            arrived(dst, end, 2 * src + 1)
         elif g in early:
             early[g].append((end, src))
         else:
@@ -391,13 +392,7 @@ def _time(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
             for rank in (src, dst):
                 while outstanding[rank] > 0 and cur[rank] in early:
                     for end_time, peer in early.pop(cur[rank]):
-                        t = post[rank] if post[rank] > end_time else end_time
-                        if t >= latest[rank]:
-                            latest[rank] = t
-                            cause[rank] = 2 * peer + 1
-                        outstanding[rank] -= 1
-                        if not outstanding[rank]:
-                            step_done(rank)
+                        if arrived(rank, post[rank] if post[rank] > end_time else end_time, 2 * peer + 1):
                             break
     stuck = [r for r in range(p) if cur[r] < last[r]]
     if stuck:
