@@ -29,7 +29,9 @@ def test_sweep_prints_every_algorithm_against_native_and_writes_json(tmp_path_fa
     ok, why = True, ""
     if WORLD.rank == 0:
         with open(out) as fh:
-            records = json.load(fh)["records"]
+            saved = json.load(fh)
+        records = saved["records"]
+        memory = [line for line in text.splitlines() if line.startswith("# Peak memory per rank")]
         sizes = sorted({r["size"] for r in records})
         names = {r["algorithm"] for r in records}
         expected = set(collectives.algorithms()) | {"native", "auto"}
@@ -43,6 +45,12 @@ def test_sweep_prints_every_algorithm_against_native_and_writes_json(tmp_path_fa
             ok, why = False, "missing times or ratios"
         elif "Avg bus bandwidth" not in text or "Out of bounds values : 0 OK" not in text:
             ok, why = False, "closing lines missing"
+        elif len(memory) != 1 or "library memory per rank: plan scratch" not in memory[0] \
+                or "shm window" not in memory[0] or "(largest message 0.01 MiB)" not in memory[0]:
+            ok, why = False, f"memory line: {memory}"  # the largest size measured is 8 KiB, not -e's 64 KiB
+        elif len(saved["scratch_mib"]) != WORLD.size or len(saved["shm_window_mib"]) != WORLD.size \
+                or min(saved["scratch_mib"] + saved["shm_window_mib"]) < 0:
+            ok, why = False, f"library memory in the JSON: {saved['scratch_mib']}, {saved['shm_window_mib']}"
         elif not os.path.exists(plot) or not os.path.getsize(plot):
             ok, why = False, "empty plot"
     assert WORLD.allreduce(bool(ok), op=MPI.LAND), why or "rank 0 found a problem"
