@@ -122,7 +122,8 @@ def _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, fina
     hit = _programs.get(key)
     if hit is not None and hit[0] is comm:
         return hit[1]
-    program = Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what)
+    program = Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what,
+                      f"allreduce|{name}|{op}")
     _programs[key] = (comm, program)
     if len(_programs) > _PLAN_CACHE_SIZE:
         _programs.popitem(last=False)

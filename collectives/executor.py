@@ -69,17 +69,24 @@ class Program:
 
     A call copies the caller's data into a work buffer, runs the plan in place on it (IN and
     OUT both name the work buffer) and copies the result out; a pair of caller buffers seen
-    twice in a row gets a second binding straight onto them, with no copies. Tags come from
-    ``comm.next_tag()`` per call, exactly as in ``execute``, so successive calls never mix.
+    twice in a row gets a second binding straight onto them, with no copies. A program has one
+    fixed tag base, ``comm.program_tag(tag_key)``, so that the transport can set its messages
+    up once (MPI: persistent requests). Every rank derives the same tag from ``tag_key``
+    whatever its cache holds; the key names the algorithm and op but never the count or dtype,
+    which a faulty call can make differ across ranks: mismatched ranks still exchange
+    messages, and the message-size check names the fault instead of a timeout. Successive
+    calls (of this and of other programs with the same key) share the tag and are kept apart
+    by MPI's in-order matching between a pair of ranks, since every rank makes its calls in
+    the same order; the tag range keeps them apart from other collectives.
     """
 
-    def __init__(self, plan, comm, backend, dtype, count, reduce_fn, final_fn, what):
+    def __init__(self, plan, comm, backend, dtype, count, reduce_fn, final_fn, what, tag_key):
         self.plan, self.comm, self.reduce_fn, self.final_fn, self.what = plan, comm, reduce_fn, final_fn, what
         self.work = work = backend.empty(max(count, 1), dtype)[:count]
         self.tmp = backend.empty(max(plan.tmp_count, 1), dtype)
         self.copyto = backend.copyto if backend.is_device else getattr(backend.xp, "copyto", backend.copyto)
         self.xp = backend.xp
-        self.tagbox = [0]
+        self.tag = comm.program_tag(tag_key) * NCHANNELS
         self.calls = self._bind(work, work)
         self.bound = None  # (sendbuf, recvbuf, calls) bound to a caller's buffers
         self.last = None  # the caller's buffers of the previous call
@@ -94,7 +101,7 @@ class Program:
                 calls.append(self.comm.prepare(
                     [(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in sends],
                     [(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in recvs],
-                    self.tagbox, StepName(self.what, index, len(steps))))
+                    self.tag, StepName(self.what, index, len(steps))))
             for op in local:
                 kind = op[0]
                 if kind == REDUCE:
@@ -116,7 +123,6 @@ class Program:
 
     def __call__(self, sendbuf, recvbuf):
         """Run on the caller's contiguous arrays (``recvbuf`` may be ``sendbuf``: in place)."""
-        self.tagbox[0] = self.comm.next_tag() * NCHANNELS
         bound = self.bound
         if bound is not None and bound[0] is sendbuf and bound[1] is recvbuf:
             for call in bound[2]:

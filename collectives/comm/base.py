@@ -6,6 +6,8 @@ default implementations here in terms of those. Buffers are contiguous 1-D
 arrays (NumPy, or CuPy where the transport accepts device memory); they travel
 as raw bytes, never pickled.
 """
+import zlib
+
 from ..errors import MismatchError
 
 
@@ -62,6 +64,13 @@ class Communicator:
         self._seq = seq + 1
         return seq % self._tag_modulus()
 
+    def program_tag(self, key):
+        """A tag base for a prepared program (``key``: a string naming its call shape): the
+        same on every rank for the same key, whatever each rank's call history or cache, and
+        apart from every tag next_tag() gives."""
+        modulus = self._tag_modulus()
+        return modulus + zlib.crc32(key.encode()) % modulus
+
     def _tag_modulus(self):
         return 1 << 16
 
@@ -78,9 +87,9 @@ class Communicator:
     # prepared steps (the small-message programs of executor.Program)
     prepares_steps = False  # True where a prepared step is cheaper to rerun than exchange()
 
-    def prepare(self, sends, recvs, tagbox, what):
-        """One step bound to fixed buffers, as a callable that runs it with tag ``tagbox[0]``."""
-        return lambda: self.exchange(sends, recvs, tagbox[0], what)
+    def prepare(self, sends, recvs, tag, what):
+        """One step bound to fixed buffers and a fixed tag, as a callable that reruns it."""
+        return lambda: self.exchange(sends, recvs, tag, what)
 
 
 def check_received(peer, expected, got, what):

@@ -7,8 +7,10 @@ then keep successive collectives apart. Every wait polls with a deadline
 (COLLECTIVES_TIMEOUT) so that a lost peer gives ``CollectiveTimeout`` naming the
 silent ranks instead of a hang; with the timeout set to 0 the calls block in MPI.
 """
+import atexit
 import os
 import time
+import weakref
 
 from mpi4py import MPI
 from numpy import ndarray as _ndarray
@@ -44,6 +46,7 @@ _cuda = None  # .cuda, imported when the first device buffer is seen
 
 _BYTE = MPI.BYTE
 _testall = MPI.Request.Testall
+_startall = MPI.Prequest.Startall
 _waitall = MPI.Request.Waitall
 _QUICK_SPINS = 64  # polls of a prepared step before the deadline-keeping poll loop takes over
 
@@ -74,7 +77,8 @@ class MPIComm(Communicator):
         self._node_colors = None
         self._statuses = {}  # reused Status lists, by request count
         tag_ub = self.mpi_comm.Get_attr(MPI.TAG_UB) or 32767
-        self._modulus = max(1, min(tag_ub + 1, 1 << 24) // 8)
+        # next_tag() bases fill [0, 8 m), program_tag() bases [8 m, 16 m): both under TAG_UB
+        self._modulus = max(1, min(tag_ub + 1, 1 << 24) // 16)
         self._seq = 0
 
     def __repr__(self):
@@ -169,13 +173,12 @@ class MPIComm(Communicator):
 
     prepares_steps = True
 
-    def prepare(self, sends, recvs, tagbox, what):
-        """One step on fixed host buffers with its message specs built once: rerunning it
-        posts the requests with tag ``tagbox[0]`` and polls, with the same bounded wait and
-        size checks as exchange()."""
+    def prepare(self, sends, recvs, tag, what):
+        """One step on fixed host buffers and a fixed tag, as persistent requests: rerunning
+        it starts them and polls, with the same bounded wait and size checks as exchange()."""
         if any(not isinstance(buf, _ndarray) for _, buf, _ in list(sends) + list(recvs)):
-            return super().prepare(sends, recvs, tagbox, what)
-        return _PreparedStep(self, sends, recvs, tagbox, what)
+            return super().prepare(sends, recvs, tag, what)
+        return _PreparedStep(self, sends, recvs, tag, what)
 
     @staticmethod
     def _poll_step(reqs, statuses, recvs, sends, limit, what):
@@ -187,9 +190,11 @@ class MPIComm(Communicator):
                 continue
             now = time.monotonic()
             if now - start > limit:
+                # Test() is true for a request that is done (or, persistent, inactive)
+                still_open = [not req.Test() for req in reqs]
                 peers = [peer for peer, _, _ in recvs] + [peer for peer, _, _ in sends]
-                pending = sorted({peer for peer, req in zip(peers, reqs) if req})
-                silent = sorted({peer for (peer, _, _), req in zip(recvs, reqs) if req}) or pending
+                pending = sorted({peer for peer, waiting in zip(peers, still_open) if waiting})
+                silent = sorted({peer for (peer, _, _), waiting in zip(recvs, still_open) if waiting}) or pending
                 raise _timeout(what, silent, limit)
             if now - start > _SPIN_BEFORE_YIELD:
                 os.sched_yield()
@@ -311,36 +316,32 @@ class MPIComm(Communicator):
 
 
 class _PreparedStep:
-    __slots__ = ("comm", "recv_specs", "send_specs", "statuses", "tagbox", "recvs", "sends", "what",
-                 "sizes", "pair")
+    """One step of a small-message program as persistent MPI requests (``Recv_init`` and
+    ``Send_init``), created once on fixed buffers and a fixed tag: a run is one ``Startall``
+    and a poll, with no message specs parsed per call."""
 
-    def __init__(self, comm, sends, recvs, tagbox, what):
-        self.recv_specs = [([buf, _BYTE], peer, chan) for peer, buf, chan in recvs]
-        self.send_specs = [([buf, _BYTE], peer, chan) for peer, buf, chan in sends]
+    __slots__ = ("mpi_comm", "tag", "requests", "statuses", "recvs", "sends", "what", "sizes", "pair",
+                 "__weakref__")
+
+    def __init__(self, comm, sends, recvs, tag, what):
+        self.mpi_comm, self.tag = comm.mpi_comm, tag
+        self.requests = self._make(recvs, sends)
         self.sizes = [(index, peer, buf.nbytes) for index, (peer, buf, _) in enumerate(recvs)]
-        self.statuses = [MPI.Status() for _ in range(len(recvs) + len(sends))]
-        self.comm, self.tagbox, self.recvs, self.sends, self.what = comm.mpi_comm, tagbox, recvs, sends, what
-        self.pair = (self.recv_specs[0] + self.send_specs[0]
-                     if len(self.recv_specs) == 1 and len(self.send_specs) == 1 else None)
+        self.statuses = [MPI.Status() for _ in self.requests]
+        self.recvs, self.sends, self.what = recvs, sends, what
+        self.pair = len(recvs) == 1 and len(sends) == 1  # the common step: one receive, one send
+        _live_steps.add(self)
 
     def __call__(self):
-        comm, tag, statuses = self.comm, self.tagbox[0], self.statuses
-        pair = self.pair
-        if pair is not None:  # the common step: one receive, one send
-            rspec, rpeer, rchan, sspec, speer, schan = pair
-            reqs = [comm.Irecv(rspec, rpeer, tag + rchan), comm.Isend(sspec, speer, tag + schan)]
-            try:
-                if _testall(reqs, statuses) or _testall(reqs, statuses) or _testall(reqs, statuses):
-                    got = statuses[0].Get_count(_BYTE)
-                    if got != self.sizes[0][2]:
-                        check_received(rpeer, self.sizes[0][2], got, self.what)
-                    return
-            except MPI.Exception as exc:
-                self._raise(exc)
-        else:
-            reqs = [comm.Irecv(spec, peer, tag + chan) for spec, peer, chan in self.recv_specs]
-            reqs += [comm.Isend(spec, peer, tag + chan) for spec, peer, chan in self.send_specs]
+        reqs, statuses = self.requests, self.statuses
         try:
+            _startall(reqs)
+            if self.pair and (_testall(reqs, statuses) or _testall(reqs, statuses) or _testall(reqs, statuses)):
+                _, peer, nbytes = self.sizes[0]
+                got = statuses[0].Get_count(_BYTE)
+                if got != nbytes:
+                    check_received(peer, nbytes, got, self.what)
+                return
             for _ in range(_QUICK_SPINS):
                 if _testall(reqs, statuses):
                     break
@@ -350,12 +351,27 @@ class _PreparedStep:
                     _waitall(reqs, statuses)
                 else:
                     MPIComm._poll_step(reqs, statuses, self.recvs, self.sends, limit, self.what)
-        except MPI.Exception as exc:
-            self._raise(exc)
+        except BaseException as exc:
+            self._renew()  # requests left active by a failed run are never started again
+            if isinstance(exc, MPI.Exception):
+                self._raise(exc)
+            raise
         for index, peer, nbytes in self.sizes:
             got = statuses[index].Get_count(_BYTE)
             if got != nbytes:
                 check_received(peer, nbytes, got, self.what)
+
+    def _make(self, recvs, sends):
+        mpi_comm, tag = self.mpi_comm, self.tag
+        return ([mpi_comm.Recv_init([buf, _BYTE], peer, tag + chan) for peer, buf, chan in recvs]
+                + [mpi_comm.Send_init([buf, _BYTE], peer, tag + chan) for peer, buf, chan in sends])
+
+    def _renew(self):
+        """Replace requests that may still be active with fresh ones on the same messages
+        (the old ones are freed: MPI lets whatever is in flight finish, then drops them)."""
+        self.free()
+        if not MPI.Is_finalized():
+            self.requests = self._make(self.recvs, self.sends)
 
     def _raise(self, exc):
         if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
@@ -363,6 +379,28 @@ class _PreparedStep:
             raise MismatchError(f"{self.what}: a message from rank(s) {peers} is longer than expected "
                                 f"(ranks disagree on count, dtype or algorithm)") from None
         raise exc
+
+    def free(self):
+        try:
+            if MPI.Is_finalized():
+                return
+            for req in self.requests:
+                if req:
+                    req.Free()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __del__(self):
+        self.free()
+
+
+_live_steps = weakref.WeakSet()  # every prepared step, freed before MPI_Finalize at exit
+
+
+@atexit.register
+def _free_steps():  # registered after mpi4py's own finalizer, so it runs first
+    for step in list(_live_steps):
+        step.free()
 
 
 class _Req:

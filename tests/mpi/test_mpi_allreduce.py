@@ -192,6 +192,29 @@ def test_partly_overlapping_small_buffers_are_never_bound():
 
 
 @pytest.mark.timeout(120)
+def test_small_programs_agree_when_one_rank_lost_its_cache(monkeypatch):
+    """Small messages run as programs with fixed tags and persistent requests. Rank 0 drops its
+    cached programs between calls (as eviction does when it runs calls the others do not):
+    its rebuilt programs must still meet the other ranks' cached ones, with the right sums."""
+    if WORLD.size < 2:
+        pytest.skip("needs two ranks")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "20")  # a tag disagreement times out, never hangs
+    ok, why = True, ""
+    comm = WORLD.Dup()
+    for round_ in range(3):
+        for algorithm in collectives.algorithms():
+            for count in (1, 7, 1000):
+                sendbuf = (np.arange(count, dtype=np.int64) + WORLD.rank * 5 + round_) % 31
+                result = collectives.allreduce(sendbuf, algorithm=algorithm, comm=comm)
+                if not np.array_equal(result, native(sendbuf, "sum")):
+                    ok, why = False, f"{algorithm} count={count} round {round_}"
+        if WORLD.rank == 0:
+            collectives.clear_caches()
+    comm.Free()
+    agree(ok, why)
+
+
+@pytest.mark.timeout(120)
 def test_shm_large_windows_across_repeated_and_changing_shapes():
     """Past 1 MiB the shm window has one region, reused while the shape repeats and
     republished after one more barrier when it changes: a rank that runs ahead into its next
