@@ -48,7 +48,7 @@ _BYTE = MPI.BYTE
 _testall = MPI.Request.Testall
 _startall = MPI.Prequest.Startall
 _waitall = MPI.Request.Waitall
-_QUICK_SPINS = 64  # polls of a prepared step before the deadline-keeping poll loop takes over
+_QUICK_SPINS = 4 if _OVERSUBSCRIBED else 64  # polls of a prepared step before the deadline-keeping poll loop (which yields)
 
 
 def _timeout(what, silent, limit):
