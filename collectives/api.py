@@ -14,6 +14,7 @@ from . import algorithms as _algorithms
 from . import blocks as _blocks
 from . import config
 from .backend import NUMPY, backend_for
+from .comm import base as _comm_base
 from .comm.base import Communicator
 from .errors import CollectiveError
 from .executor import Program, execute
@@ -64,6 +65,19 @@ def clear_caches():
     _fast.clear()
     _programs.clear()
     _last[:] = [_NO_CALL] * 8
+
+
+def _forget(comm):
+    """Drop every cached call shape and program bound to ``comm`` (ours), which is being released."""
+    for key in [key for key, (ours, _) in _programs.items() if ours is comm]:
+        del _programs[key]
+    for key in [key for key, hit in _fast.items() if hit[1] is comm]:
+        del _fast[key]
+    if _last[7] is comm:
+        _last[:] = [_NO_CALL] * 8
+
+
+_comm_base.on_release.append(_forget)
 
 
 def _scratch(comm, backend, dtype, count):

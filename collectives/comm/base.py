@@ -10,6 +10,10 @@ import zlib
 
 from ..errors import MismatchError
 
+# Callbacks run with a communicator that is being released (``close()``): caches holding state
+# bound to it (the API's prepared programs and call shapes) drop it.
+on_release = []
+
 
 class Request:
     """A pending send or receive. ``peer`` and ``nbytes`` let errors name who is late."""
@@ -86,6 +90,11 @@ class Communicator:
 
     # prepared steps (the small-message programs of executor.Program)
     prepares_steps = False  # True where a prepared step is cheaper to rerun than exchange()
+
+    def close(self):
+        """Release what the communicator holds; the default holds nothing to release."""
+        for hook in on_release:
+            hook(self)
 
     def prepare(self, sends, recvs, tag, what):
         """One step bound to fixed buffers and a fixed tag, as a callable that reruns it."""

@@ -84,6 +84,23 @@ class MPIComm(Communicator):
     def __repr__(self):
         return f"MPIComm(rank={self.rank}, size={self.size})"
 
+    def close(self):
+        """Release the wrapper: the API's caches drop it, its prepared steps' persistent requests
+        and its shm window are freed, then its duplicate communicator. Collective, like
+        MPI_Comm_free: it runs on every rank when the user frees the communicator it wraps
+        (MPICH has room for about 2,000 communicators, so a job that splits and frees them in a
+        loop needs each duplicate back). The wrapper must not be used afterwards."""
+        if self.mpi_comm == MPI.COMM_NULL or MPI.Is_finalized():
+            return
+        super().close()
+        for step in list(_live_steps):
+            if step.mpi_comm is self.mpi_comm:
+                step.free()
+        window = self.__dict__.pop("_shm_window", None)
+        if window is not None:
+            window.free()
+        self.mpi_comm.Free()  # mpi4py leaves the handle COMM_NULL
+
     def _tag_modulus(self):
         return self._modulus
 
@@ -397,8 +414,13 @@ class _PreparedStep:
 _live_steps = weakref.WeakSet()  # every prepared step, freed before MPI_Finalize at exit
 
 
+_exiting = False
+
+
 @atexit.register
 def _free_steps():  # registered after mpi4py's own finalizer, so it runs first
+    global _exiting
+    _exiting = True  # from here MPI_Finalize frees what is left; wrappers are not closed one by one
     for step in list(_live_steps):
         step.free()
 
@@ -413,13 +435,22 @@ class _Req:
 _keyval = None
 
 
+def _release(comm, keyval, wrapper):
+    """Delete callback of the wrapper attribute: the user's communicator is being freed."""
+    if not _exiting:
+        wrapper.close()
+
+
 def wrap(comm):
     """The MPIComm for an mpi4py communicator (None: COMM_WORLD), cached as an MPI attribute of
-    that communicator, so that it lives exactly as long as the communicator does."""
+    that communicator, so that it lives exactly as long as the communicator does: freeing the
+    communicator closes the wrapper and frees its duplicate."""
     global _keyval
     base = MPI.COMM_WORLD if comm is None else comm
+    if base == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL (a freed communicator, or a rank outside a split)")
     if _keyval is None:
-        _keyval = MPI.Comm.Create_keyval()
+        _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
     wrapper = base.Get_attr(_keyval)
     if wrapper is None:
         wrapper = MPIComm(base)
