@@ -153,14 +153,16 @@ def _run_program(program, comm, sendbuf, recvbuf):
 
 
 def _select(name, comm, nbytes, dtype):
+    from .select import choose, log_choice
+
     forced = config.forced_algorithm()
     if forced is not None:
         _algorithms.get(forced)
+        log_choice(comm, nbytes, dtype, forced, "forced by COLLECTIVES_ALGO")
         return forced
     if name == "auto":
-        from .select import choose
-
         return choose(comm, nbytes, dtype)
+    log_choice(comm, nbytes, dtype, name, "named by the caller")
     return name
 
 

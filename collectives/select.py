@@ -48,12 +48,27 @@ def choose(comm, nbytes, dtype):
             _choices.clear()
         _choices[key] = hit
     name, why = hit
-    if config.debug_level() in ("INFO", "DEBUG") and key not in _logged:
-        _logged.add(key)
-        _log.info("allreduce n=%d bytes=%d dtype=%s -> %s (%s)", comm.size, nbytes, dtype, name, why)
-        if not _log.handlers and not logging.getLogger().handlers:
-            logging.basicConfig(level=logging.INFO, format="collectives: %(message)s")
+    log_choice(comm, nbytes, dtype, name, why)
     return name
+
+
+def log_choice(comm, nbytes, dtype, name, why):
+    """Under COLLECTIVES_DEBUG=INFO (or DEBUG), log a call's size, algorithm and why, once per
+    distinct (rank, communicator size, bytes, dtype, algorithm, why)."""
+    if config.debug_level() not in ("INFO", "DEBUG"):
+        return
+    key = (comm.rank, comm.size, nbytes, dtype, name, why)
+    if key in _logged:
+        return
+    _logged.add(key)
+    if _log.level == logging.NOTSET:
+        _log.setLevel(logging.INFO)
+    if not _log.handlers and not logging.getLogger().handlers:  # nobody configured logging: stderr
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("collectives: %(message)s"))
+        _log.addHandler(handler)
+    _log.info("allreduce rank %d of %d: %d bytes of %s -> %s (%s)", comm.rank, comm.size, nbytes, dtype,
+              name, why)
 
 
 def reset():
