@@ -54,3 +54,24 @@ def test_sweep_prints_every_algorithm_against_native_and_writes_json(tmp_path_fa
         elif not os.path.exists(plot) or not os.path.getsize(plot):
             ok, why = False, "empty plot"
     assert WORLD.allreduce(bool(ok), op=MPI.LAND), why or "rank 0 found a problem"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_bfloat16_sweep_has_a_native_row_and_no_wrong_elements(op, capsys):
+    """MPI has no bfloat16: the native row runs MPI_Allreduce with a user-defined op, and every
+    algorithm is checked against it."""
+    allreduce_perf.main(["-b", "8", "-e", "4K", "-f", "16", "-n", "2", "-w", "1", "-a", "all", "-c", "1",
+                         "-d", "bfloat16", "-o", op])
+    text = capsys.readouterr().out
+    ok, why = True, ""
+    if WORLD.rank == 0:
+        rows = [line.split() for line in text.splitlines() if line.strip() and line.split()[0].isdigit()]
+        natives = [row for row in rows if row[4] == "native"]
+        if "user-defined op" not in text:
+            ok, why = False, "no note on how native reduces bfloat16"
+        elif len(natives) != 3 or len(rows) != 3 * (len(collectives.algorithms()) + 2):
+            ok, why = False, f"{len(natives)} native rows, {len(rows)} rows"
+        elif any(row[2] != "bfloat16" or row[8] != "0" or row[13] != "0" for row in rows):
+            ok, why = False, "wrong elements, or a row of another dtype"
+    assert WORLD.allreduce(bool(ok), op=MPI.LAND), why or "rank 0 found a problem"
