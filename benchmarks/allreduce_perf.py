@@ -195,6 +195,9 @@ def main(argv=None):
     gpu = None
     if args.device == "gpu":
         from benchmarks import gpu as gpu_support  # noqa: F401 - supplies device buffers and the nccl row
+        available, why = gpu_support.gpu_available()
+        if not available:
+            raise SystemExit(f"--device gpu: {why}")
         gpu = gpu_support
     ours = collectives.as_comm(comm)
     if rank == 0:
