@@ -287,27 +287,30 @@ def main(argv=None):
                                f"{t[1] * 1e6:.1f}", f"{algbw[1]:.3f}", f"{busbw[1]:.3f}", wrong[name][1],
                                f"{ratio[1]:.2f}"], WIDTHS), flush=True)
     total_wrong = sum(int(r["oop"]["wrong"]) + int(r["ip"]["wrong"]) for r in records if args.check)
-    # the library's own memory: the plans' scratch (one buffer per dtype, shared by every
-    # algorithm) and the shm algorithm's shared window (this rank's segment)
-    scratch = sum(b.nbytes for b in getattr(ours, "_collectives_scratch", {}).values())
-    shm_window = getattr(ours, "__dict__", {}).get("_shm_window")
-    window = shm_window.halves * shm_window.nbytes if shm_window is not None else 0
+    # the library's own memory: the executor's scratch (one buffer per dtype, shared by every
+    # algorithm), cached small-message programs and the shm algorithm's window (this rank's segment)
+    held = collectives.library_memory(ours)
+    scratch, window, programs = held["scratch"], held["shm_window"], held["programs"]
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peaks = comm.gather(peak_kib, root=0)
     scratches = comm.gather(scratch, root=0)
     windows = comm.gather(window, root=0)
+    program_bytes = comm.gather((programs, held["program_shapes"]), root=0)
     if rank == 0:
         print("# Avg bus bandwidth (out-of-place, GB/s): " +
               ", ".join(f"{name} {np.mean(v):.3f}" for name, v in busbw_by_algo.items()))
         print(f"# Peak memory per rank (max RSS): {max(peaks) / 1024:.1f} MiB; library memory per rank: plan "
               f"scratch {max(scratches) / 2**20:.2f} MiB, shm window {max(windows) / 2**20:.2f} MiB "
-              f"(largest message {max((r['size'] for r in records), default=0) / 2**20:.2f} MiB)")
+              f"(largest message {max((r['size'] for r in records), default=0) / 2**20:.2f} MiB); "
+              f"small-message programs {max(b for b, _ in program_bytes) / 2**20:.2f} MiB over "
+              f"{max(k for _, k in program_bytes)} cached call shapes, each within its message")
         print(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}", flush=True)
     if args.json and rank == 0:
         with open(args.json, "w") as f:
             json.dump({"ranks": n, "args": vars(args), "records": records,
                        "peak_rss_mib": [p / 1024 for p in peaks],
-                       "scratch_mib": [x / 2**20 for x in scratches], "shm_window_mib": [w / 2**20 for w in windows]}, f, indent=1)
+                       "scratch_mib": [x / 2**20 for x in scratches], "shm_window_mib": [w / 2**20 for w in windows],
+                       "programs_mib": [b / 2**20 for b, _ in program_bytes]}, f, indent=1)
     if args.plot and rank == 0:
         plot(records, args.plot, n)
     return 1 if total_wrong else 0

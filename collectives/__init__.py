@@ -8,7 +8,7 @@ Quick use::
     collectives.run_threaded(4, lambda comm: collectives.allreduce(np.ones(3), comm=comm))
 """
 from .api import (algorithm_options, algorithms, allgather, allreduce, as_comm, broadcast, clear_caches,
-                  reduce, reduce_scatter)
+                  library_memory, reduce, reduce_scatter)
 from .comm import Communicator, ThreadComm, run_threaded
 from .errors import CollectiveError, CollectiveTimeout, MismatchError, PeerAborted
 from .ops import DTYPES, OPS
@@ -16,7 +16,7 @@ from .ops import DTYPES, OPS
 __version__ = "0.1.0"
 
 __all__ = ["allreduce", "algorithms", "algorithm_options", "reduce_scatter", "allgather", "broadcast",
-           "reduce", "run_threaded", "as_comm", "clear_caches", "Communicator", "ThreadComm", "MPIComm",
+           "reduce", "run_threaded", "as_comm", "clear_caches", "library_memory", "Communicator", "ThreadComm", "MPIComm",
            "CollectiveError", "CollectiveTimeout", "MismatchError", "PeerAborted", "OPS", "DTYPES",
            "simulate"]
 

@@ -67,6 +67,21 @@ def clear_caches():
     _last[:] = [_NO_CALL] * 8
 
 
+def library_memory(comm=None):
+    """Bytes the library holds for ``comm`` on this rank, beyond the caller's buffers:
+    ``scratch`` (the executor's, one buffer per dtype shared by every algorithm), ``programs``
+    (the work and scratch buffers of cached small-message programs, each within its message;
+    ``program_shapes`` of them) and ``shm_window`` (this rank's segment of the shm window)."""
+    ours = as_comm(comm)
+    scratch = sum(buf.nbytes for buf in ours.__dict__.get("_collectives_scratch", {}).values())
+    held = [program for owner, program in _programs.values() if owner is ours]
+    window = ours.__dict__.get("_shm_window")
+    return {"scratch": scratch,
+            "programs": sum(program.work.nbytes + program.tmp.nbytes for program in held),
+            "program_shapes": len(held),
+            "shm_window": window.halves * window.nbytes if window is not None else 0}
+
+
 def _forget(comm):
     """Drop every cached call shape and program bound to ``comm`` (ours), which is being released."""
     for key in [key for key, (ours, _) in _programs.items() if ours is comm]:

@@ -116,6 +116,22 @@ def test_freeing_a_communicator_frees_what_the_library_made_for_it():
         collectives.allreduce(np.ones(4), comm=sub)
 
 
+@pytest.mark.timeout(60)
+def test_library_memory_counts_programs_scratch_and_window():
+    sub = WORLD.Dup()
+    before = collectives.library_memory(sub)
+    small = np.ones(1000, np.float64)  # 8,000 B: a prepared program
+    collectives.allreduce(small, comm=sub, algorithm="ring")
+    collectives.allreduce(small, comm=sub, algorithm="ring")  # the same shape: nothing new is held
+    collectives.allreduce(np.ones(1 << 16, np.float32), comm=sub, algorithm="ring")  # 256 KiB: executor scratch
+    after = collectives.library_memory(sub)
+    ok = before == {"scratch": 0, "programs": 0, "program_shapes": 0, "shm_window": 0} \
+        and after["program_shapes"] == 1 and small.nbytes <= after["programs"] <= 2 * small.nbytes \
+        and after["scratch"] <= 1 << 18 and after["shm_window"] == 0
+    sub.Free()
+    agree(ok, f"library memory before {before}, after {after}")
+
+
 def test_building_blocks_match_mpi():
     n, r = WORLD.size, WORLD.rank
     ok = True

@@ -46,10 +46,13 @@ def test_sweep_prints_every_algorithm_against_native_and_writes_json(tmp_path_fa
         elif "Avg bus bandwidth" not in text or "Out of bounds values : 0 OK" not in text:
             ok, why = False, "closing lines missing"
         elif len(memory) != 1 or "library memory per rank: plan scratch" not in memory[0] \
-                or "shm window" not in memory[0] or "(largest message 0.01 MiB)" not in memory[0]:
+                or "shm window" not in memory[0] or "(largest message 0.01 MiB)" not in memory[0] \
+                or "small-message programs" not in memory[0]:
             ok, why = False, f"memory line: {memory}"  # the largest size measured is 8 KiB, not -e's 64 KiB
         elif len(saved["scratch_mib"]) != WORLD.size or len(saved["shm_window_mib"]) != WORLD.size \
-                or min(saved["scratch_mib"] + saved["shm_window_mib"]) < 0:
+                or len(saved["programs_mib"]) != WORLD.size \
+                or min(saved["scratch_mib"] + saved["shm_window_mib"]) < 0 \
+                or (WORLD.size > 1 and min(saved["programs_mib"]) <= 0):  # 8 B and 256 B ran as programs
             ok, why = False, f"library memory in the JSON: {saved['scratch_mib']}, {saved['shm_window_mib']}"
         elif not os.path.exists(plot) or not os.path.getsize(plot):
             ok, why = False, "empty plot"
