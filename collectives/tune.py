@@ -2,12 +2,12 @@
 
 Run under mpiexec, on the machine and world size you will use:
 
-    mpiexec -n 4 python -m collectives.tune                 # 8 B .. 64 MiB, float32
+    mpiexec -n 4 python -m collectives.tune                 # 8 B .. 64 MiB by factors of 2, float32
     mpiexec -n 4 python -m collectives.tune -b 8 -e 16M -f 4 -d float32,float64 -o tuning.json
 
-Per (message size, dtype) every algorithm runs interleaved with the others, round by round;
-a round times enough calls to last about ``--round-ms`` (the slowest rank's time counts) and
-the median round decides. The fastest algorithm becomes that size's entry. The table goes to
+Every (message size, algorithm) is timed in ``--rounds`` rounds, interleaved: each round visits
+every size and every algorithm. A round times enough calls to last about ``--round-ms`` (the
+slowest rank's time counts) and the median round decides. The fastest algorithm becomes that size's entry. The table goes to
 ``-o FILE``, else to ``COLLECTIVES_TUNING``, else to ``~/.cache/collectives/tuning.json``;
 entries for other world sizes or dtypes already in the file are kept, so one file can hold
 tables for several world sizes. Only rank 0 writes (atomically: a temporary file, then a rename).
@@ -39,7 +39,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m collectives.tune", description=__doc__.split("\n")[0])
     p.add_argument("-b", "--minbytes", type=parse_size, default=8)
     p.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20)
-    p.add_argument("-f", "--stepfactor", type=float, default=4)
+    p.add_argument("-f", "--stepfactor", type=float, default=2)
     p.add_argument("-d", "--datatypes", default="float32", help="comma list of dtypes to tune")
     p.add_argument("-a", "--algorithms", default="all", help="comma list, or 'all' (every registered one)")
     p.add_argument("-r", "--rounds", type=int, default=5, help="interleaved rounds per size; the median counts")
@@ -88,28 +88,42 @@ def measure(comm, algorithm, sendbuf, recvbuf, iters):
 
 
 def tune(comm, args, log=print):
-    """Measure; return the new entries (every rank gets the same list)."""
+    """Measure; return the new entries (every rank gets the same list).
+
+    Rounds are interleaved across sizes as well as algorithms: round r visits every size, and
+    within it every algorithm, before round r+1 starts. A size's rounds are thus spread over the
+    whole run, so a burst of noise from the rest of the machine (seconds long on a shared VM)
+    moves one round of many sizes, which the median drops, instead of every round of one size."""
     entries = []
     root = comm.rank == 0
     for dtype in args.datatypes:
         itemsize = dtype.itemsize
-        if root:
-            log(f"# {comm.size} ranks, {dtype}: median of {args.rounds} interleaved rounds, time per call in us")
-            log("#" + "".join(f"{name[:12]:>13}" for name in ["bytes"] + list(args.algorithms)) + "  best")
-        for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor):
-            count = max(1, nbytes // itemsize)
-            rng = np.random.default_rng(comm.rank)
+        counts = sorted({max(1, nbytes // itemsize) for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor)})
+        rng = np.random.default_rng(comm.rank)
+        buffers = {}  # each size its own pair, as a caller's distinct arrays would be (about 4x -e in all)
+        for count in counts:
             sendbuf = (rng.integers(0, 8, count) if dtype.kind in "iub" else rng.random(count)).astype(dtype)
-            recvbuf = np.empty_like(sendbuf)
-            iters = {}
-            for name in args.algorithms:  # warm up (plans, scratch), and size each round
+            buffers[count] = (sendbuf, np.empty_like(sendbuf))
+        iters = {}
+        for count in counts:
+            sendbuf, recvbuf = buffers[count]
+            for name in args.algorithms:  # warm up (plans, scratch, programs), and size each round
                 once = measure(comm, name, sendbuf, recvbuf, 1)
-                iters[name] = max(1, min(10000, int(args.round_ms * 1e-3 / max(once, 1e-7))))
-            times = {name: [] for name in args.algorithms}
-            for _ in range(args.rounds):
+                iters[count, name] = max(1, min(10000, int(args.round_ms * 1e-3 / max(once, 1e-7))))
+        times = {(count, name): [] for count in counts for name in args.algorithms}
+        for round_index in range(args.rounds):
+            for count in counts:
+                sendbuf, recvbuf = buffers[count]
                 for name in args.algorithms:
-                    times[name].append(measure(comm, name, sendbuf, recvbuf, iters[name]))
-            median = {name: float(np.median(t)) for name, t in times.items()}
+                    times[count, name].append(measure(comm, name, sendbuf, recvbuf, iters[count, name]))
+            if root:
+                log(f"# round {round_index + 1} of {args.rounds} done")
+        if root:
+            log(f"# {comm.size} ranks, {dtype}: median of {args.rounds} rounds, interleaved across sizes and "
+                f"algorithms; time per call in us")
+            log("#" + "".join(f"{name[:12]:>13}" for name in ["bytes"] + list(args.algorithms)) + "  best")
+        for count in counts:
+            median = {name: float(np.median(times[count, name])) for name in args.algorithms}
             best = min(median, key=median.get)
             entries.append({"size": comm.size, "dtype": str(dtype), "nbytes": count * itemsize,
                             "algorithm": best, "times_us": {k: round(v * 1e6, 2) for k, v in median.items()}})
