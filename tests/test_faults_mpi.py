@@ -82,6 +82,16 @@ def test_mismatched_count_without_check_aborts(algorithm, n):
     assert_failed_loudly(code, out, seconds, ABORT, _mismatch_pattern(algorithm))
 
 
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "rabenseifner"])
+def test_mismatched_count_in_split_messages_aborts(algorithm, n):
+    # 2,400 float32 (9,600 B): a small-message program whose messages are just past MPICH's eager
+    # limit travel as two pieces; rank 1's extra element makes its pieces differ, and the size
+    # check still catches it
+    code, out, seconds = launch("count", n, algorithm=algorithm, env={"SCENARIO_COUNT": "2400"})
+    assert_failed_loudly(code, out, seconds, ABORT, _mismatch_pattern(algorithm))
+
+
 @pytest.mark.skipif("shm" not in collectives.algorithms(), reason="no shm algorithm registered")
 @pytest.mark.parametrize("case, n, field, detail", [
     ("count", 2, "count", "rank 0: 1000; rank 1: 1001"),

@@ -17,7 +17,8 @@ Cases (the faulty rank is 1):
   raises       rank 1 raises RuntimeError after the first call
   sigkill      rank 1 kills itself with SIGKILL after the first call
 
-SCENARIO_ALGO picks the algorithm (default ring); SCENARIO_CALLS the number of calls (4).
+SCENARIO_ALGO picks the algorithm (default ring); SCENARIO_CALLS the number of calls (4);
+SCENARIO_COUNT the element count (1000).
 """
 import os
 import signal
@@ -35,7 +36,7 @@ import collectives  # noqa: E402
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 FAULTY = 1
-COUNT = 1000
+COUNT = int(os.environ.get("SCENARIO_COUNT", "1000"))
 
 
 def say(text):

@@ -97,6 +97,30 @@ def test_wrapped_communicators_and_splits():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("algorithm", collectives.algorithms())
+def test_messages_just_past_the_eager_limit_travel_in_two_pieces_and_stay_exact(algorithm):
+    """8-16 KiB messages of prepared programs go as two pieces on one tag (MPICH: past its eager
+    limit): odd and even element counts, 1- to 8-byte elements, repeated calls, in place."""
+    from collectives.comm import mpi as mpi_comm
+
+    split = mpi_comm._pieces(0, np.empty(2001, np.int32), 0)
+    if mpi_comm._EAGER_LIMIT:
+        assert [piece.size for _, piece, _ in split] == [1001, 1000]
+        assert np.shares_memory(split[0][1], split[1][1]) is False
+    ok, why = True, ""
+    for dtype, count in ((np.int8, 8001), (np.int32, 2001), (np.float64, 1999), (np.int64, 2000)):
+        for call in range(3):
+            x = integer_valued(WORLD.rank, count, np.dtype(dtype), "sum", seed=call)
+            y = collectives.allreduce(x, algorithm=algorithm)
+            z = x.copy()
+            collectives.allreduce(z, z, algorithm=algorithm)
+            expected = native(x, "sum")
+            if not (np.array_equal(y, expected) and np.array_equal(z, expected) and identical_everywhere(y)):
+                ok, why = False, f"{np.dtype(dtype)} x {count}, call {call}"
+    agree(ok, why)
+
+
+@pytest.mark.timeout(120)
 def test_freeing_a_communicator_frees_what_the_library_made_for_it():
     """A job that splits, reduces on and frees communicators in a loop: each free releases the
     wrapper's duplicate, prepared requests and shm window. MPICH holds about 2,048 communicators,
