@@ -93,7 +93,8 @@ def tune(comm, args, log=print):
     Rounds are interleaved across sizes as well as algorithms: round r visits every size, and
     within it every algorithm, before round r+1 starts. A size's rounds are thus spread over the
     whole run, so a burst of noise from the rest of the machine (seconds long on a shared VM)
-    moves one round of many sizes, which the median drops, instead of every round of one size."""
+    moves one round of many sizes, which the median drops, instead of every round of one size.
+    Each round also starts at another size and another algorithm."""
     entries = []
     root = comm.rank == 0
     for dtype in args.datatypes:
@@ -111,10 +112,16 @@ def tune(comm, args, log=print):
                 once = measure(comm, name, sendbuf, recvbuf, 1)
                 iters[count, name] = max(1, min(10000, int(args.round_ms * 1e-3 / max(once, 1e-7))))
         times = {(count, name): [] for count in counts for name in args.algorithms}
+        names = list(args.algorithms)
         for round_index in range(args.rounds):
-            for count in counts:
+            # each round starts at another size and algorithm: the batch that follows the largest
+            # size (or comes first after a barrier) ran slow at n=4 on 2 cores, and no size or
+            # algorithm should take that place in every round
+            size_shift = round_index * len(counts) // args.rounds
+            for count in counts[size_shift:] + counts[:size_shift]:
                 sendbuf, recvbuf = buffers[count]
-                for name in args.algorithms:
+                name_shift = round_index % len(names)
+                for name in names[name_shift:] + names[:name_shift]:
                     times[count, name].append(measure(comm, name, sendbuf, recvbuf, iters[count, name]))
             if root:
                 log(f"# round {round_index + 1} of {args.rounds} done")
