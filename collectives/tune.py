@@ -42,7 +42,9 @@ def parse_args(argv):
     p.add_argument("-f", "--stepfactor", type=float, default=2)
     p.add_argument("-d", "--datatypes", default="float32", help="comma list of dtypes to tune")
     p.add_argument("-a", "--algorithms", default="all", help="comma list, or 'all' (every registered one)")
-    p.add_argument("-r", "--rounds", type=int, default=5, help="interleaved rounds per size; the median counts")
+    p.add_argument("-r", "--rounds", type=int, default=None,
+                   help="interleaved rounds per size; the median counts (default 5, or 15 with more ranks "
+                        "than cores, where batches of the same calls differ more)")
     p.add_argument("--round-ms", type=float, default=20.0, help="target length of one timed round")
     p.add_argument("-o", "--output", help="tuning file to write (default: COLLECTIVES_TUNING or the cache)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
@@ -51,7 +53,7 @@ def parse_args(argv):
         p.error("-f must be > 1")
     if args.minbytes < 1 or args.maxbytes < args.minbytes:
         p.error("need 1 <= -b <= -e")
-    if args.rounds < 1:
+    if args.rounds is not None and args.rounds < 1:
         p.error("-r must be >= 1")
     known = _algorithm_names()
     args.algorithms = known if args.algorithms == "all" else [a for a in args.algorithms.split(",") if a]
@@ -95,6 +97,10 @@ def tune(comm, args, log=print):
     whole run, so a burst of noise from the rest of the machine (seconds long on a shared VM)
     moves one round of many sizes, which the median drops, instead of every round of one size.
     Each round also starts at another size and another algorithm."""
+    if args.rounds is None:
+        from .comm import mpi as _mpi
+
+        args.rounds = 15 if _mpi._OVERSUBSCRIBED else 5
     entries = []
     root = comm.rank == 0
     for dtype in args.datatypes:
