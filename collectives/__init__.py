@@ -16,8 +16,8 @@ from .ops import DTYPES, OPS
 __version__ = "0.1.0"
 
 __all__ = ["allreduce", "algorithms", "algorithm_options", "reduce_scatter", "allgather", "broadcast",
-           "reduce", "run_threaded", "as_comm", "clear_caches", "library_memory", "Communicator", "ThreadComm", "MPIComm",
-           "CollectiveError", "CollectiveTimeout", "MismatchError", "PeerAborted", "OPS", "DTYPES",
+           "reduce", "run_threaded", "as_comm", "clear_caches", "library_memory", "Communicator", "ThreadComm",
+           "MPIComm", "CollectiveError", "CollectiveTimeout", "MismatchError", "PeerAborted", "OPS", "DTYPES",
            "simulate"]
 
 

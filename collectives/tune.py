@@ -7,10 +7,12 @@ Run under mpiexec, on the machine and world size you will use:
 
 Every (message size, algorithm) is timed in ``--rounds`` rounds, interleaved: each round visits
 every size and every algorithm. A round times enough calls to last about ``--round-ms`` (the
-slowest rank's time counts) and the median round decides. The fastest algorithm becomes that size's entry. The table goes to
-``-o FILE``, else to ``COLLECTIVES_TUNING``, else to ``~/.cache/collectives/tuning.json``;
-entries for other world sizes or dtypes already in the file are kept, so one file can hold
-tables for several world sizes. Only rank 0 writes (atomically: a temporary file, then a rename).
+slowest rank's time counts) and the median round decides. The fastest algorithm becomes that
+size's entry. Every size keeps its own buffers for the whole run (about 4x ``-e`` per rank in
+all). The table goes to ``-o FILE``, else to ``COLLECTIVES_TUNING``, else to
+``~/.cache/collectives/tuning.json``; entries for other world sizes or dtypes already in the
+file are kept, so one file can hold tables for several world sizes. Only rank 0 writes
+(atomically: a temporary file, then a rename).
 """
 import argparse
 import json
@@ -105,7 +107,8 @@ def tune(comm, args, log=print):
     root = comm.rank == 0
     for dtype in args.datatypes:
         itemsize = dtype.itemsize
-        counts = sorted({max(1, nbytes // itemsize) for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor)})
+        counts = sorted({max(1, nbytes // itemsize)
+                         for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor)})
         rng = np.random.default_rng(comm.rank)
         buffers = {}  # each size its own pair, as a caller's distinct arrays would be (about 4x -e in all)
         for count in counts:

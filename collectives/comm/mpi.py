@@ -422,7 +422,7 @@ class _PreparedStep:
 
     def _raise(self, exc):
         if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
-            peers = ", ".join(str(peer) for peer, _, _ in self.recvs)
+            peers = ", ".join(str(peer) for peer in dict.fromkeys(peer for peer, _, _ in self.recvs))
             raise MismatchError(f"{self.what}: a message from rank(s) {peers} is longer than expected "
                                 f"(ranks disagree on count, dtype or algorithm)") from None
         raise exc
