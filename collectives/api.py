@@ -75,11 +75,10 @@ def library_memory(comm=None):
     ours = as_comm(comm)
     scratch = sum(buf.nbytes for buf in ours.__dict__.get("_collectives_scratch", {}).values())
     held = [program for owner, program in _programs.values() if owner is ours]
-    window = ours.__dict__.get("_shm_window")
     return {"scratch": scratch,
             "programs": sum(program.work.nbytes + program.tmp.nbytes for program in held),
             "program_shapes": len(held),
-            "shm_window": window.halves * window.nbytes if window is not None else 0}
+            "shm_window": _algorithms.get("shm").window_bytes(ours) if "shm" in _algorithms.names() else 0}
 
 
 def _forget(comm):

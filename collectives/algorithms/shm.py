@@ -41,6 +41,7 @@ import zlib
 
 import numpy as np
 
+from ..comm import base as _comm_base
 from ..errors import MismatchError
 from ..ops import DTYPES, OPS
 from ..plan import IN, OUT, TMP, PlanBuilder, block_bounds
@@ -201,6 +202,22 @@ def _mismatch(headers):
             return MismatchError(f"allreduce({NAME}): ranks disagree on {field} (ranks {differ} differ from "
                                  f"rank 0): {detail}")
     return MismatchError(f"allreduce({NAME}): ranks disagree on the call")  # pragma: no cover
+
+
+def window_bytes(comm):
+    """Bytes of this rank's window segment for ``comm`` (0 before its first shm call)."""
+    window = comm.__dict__.get("_shm_window")
+    return window.halves * window.nbytes if window is not None else 0
+
+
+def _release(comm):
+    """Free ``comm``'s window when the communicator is released (collective, as freeing it is)."""
+    window = comm.__dict__.pop("_shm_window", None)
+    if window is not None:
+        window.free()
+
+
+_comm_base.on_release.append(_release)
 
 
 def _publish(segment, inbuf, lo, hi):

@@ -112,20 +112,18 @@ class MPIComm(Communicator):
         return f"MPIComm(rank={self.rank}, size={self.size})"
 
     def close(self):
-        """Release the wrapper: the API's caches drop it, its prepared steps' persistent requests
-        and its shm window are freed, then its duplicate communicator. Collective, like
-        MPI_Comm_free: it runs on every rank when the user frees the communicator it wraps
-        (MPICH has room for about 2,000 communicators, so a job that splits and frees them in a
-        loop needs each duplicate back). The wrapper must not be used afterwards."""
+        """Release the wrapper: the release hooks run (the API's caches drop it, shm frees its
+        window), its prepared steps' persistent requests are freed, then its duplicate
+        communicator. Collective, like MPI_Comm_free: it runs on every rank when the user frees
+        the communicator it wraps (MPICH has room for about 2,000 communicators, so a job that
+        splits and frees them in a loop needs each duplicate back). The wrapper must not be
+        used afterwards."""
         if self.mpi_comm == MPI.COMM_NULL or MPI.Is_finalized():
             return
         super().close()
         for step in list(_live_steps):
             if step.mpi_comm is self.mpi_comm:
                 step.free()
-        window = self.__dict__.pop("_shm_window", None)
-        if window is not None:
-            window.free()
         self.mpi_comm.Free()  # mpi4py leaves the handle COMM_NULL
 
     def _tag_modulus(self):
