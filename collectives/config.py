@@ -57,3 +57,14 @@ def forced_algorithm():
 
 def debug_level():
     return os.environ.get("COLLECTIVES_DEBUG", "").upper()
+
+
+def eager_limit(default):
+    """COLLECTIVES_EAGER_LIMIT in bytes (``default`` when unset or empty; 0 turns splitting off).
+    Read when a small-message program is prepared, not per call."""
+    raw = os.environ.get("COLLECTIVES_EAGER_LIMIT", "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ValueError(f"COLLECTIVES_EAGER_LIMIT must be a whole number of bytes (0: off), got {raw!r}")
+    return int(raw)

@@ -50,25 +50,18 @@ _startall = MPI.Prequest.Startall
 _waitall = MPI.Request.Waitall
 
 
-def _eager_limit():
-    """Largest message the MPI library sends eagerly between ranks of one node (sent at once
-    into shared cells, no handshake with the receiver), or 0 where unknown. Measured with MPICH
-    5.0.2 here: an 8,100-byte Sendrecv takes 2.1 us, 8,192 bytes 4.9 us."""
-    value = os.environ.get("COLLECTIVES_EAGER_LIMIT")
-    if value is not None and value.strip().isdigit():
-        return int(value)
-    return 8000 if "MPICH" in MPI.Get_library_version() else 0
+# Largest message the MPI library sends eagerly between ranks of one node (at once into shared
+# cells, no handshake with the receiver), or 0 where unknown. Measured with MPICH 5.0.2 here: an
+# 8,100-byte Sendrecv takes 2.1 us, 8,192 bytes 4.9 us. COLLECTIVES_EAGER_LIMIT overrides it.
+_DEFAULT_EAGER_LIMIT = 8000 if "MPICH" in MPI.Get_library_version() else 0
 
 
-_EAGER_LIMIT = _eager_limit()
-
-
-def _pieces(peer, buf, chan):
-    """A prepared step's message as the pieces it travels in: a message past the eager limit
+def _pieces(peer, buf, chan, limit):
+    """A prepared step's message as the pieces it travels in: a message past the eager ``limit``
     but within two of it goes as two halves on the same tag (matched in order), which stay
     eager: at 8-16 KiB that measured 4.8 -> 3.0 us per exchange at n=2, 16 -> 11 us at n=4 on
     2 cores. Larger messages amortise the handshake and go whole."""
-    if _EAGER_LIMIT and _EAGER_LIMIT < buf.nbytes <= 2 * _EAGER_LIMIT:
+    if limit and limit < buf.nbytes <= 2 * limit:
         flat = buf.reshape(-1)  # a view: step buffers are contiguous
         half = (flat.size + 1) // 2
         return [(peer, flat[:half], chan), (peer, flat[half:], chan)]
@@ -368,8 +361,9 @@ class _PreparedStep:
     def __init__(self, comm, sends, recvs, tag, what):
         self.mpi_comm, self.tag = comm.mpi_comm, tag
         # the messages as they travel (a message just past the eager limit as two pieces)
-        self.recvs = [piece for message in recvs for piece in _pieces(*message)]
-        self.sends = [piece for message in sends for piece in _pieces(*message)]
+        limit = config.eager_limit(_DEFAULT_EAGER_LIMIT)
+        self.recvs = [piece for message in recvs for piece in _pieces(*message, limit)]
+        self.sends = [piece for message in sends for piece in _pieces(*message, limit)]
         self.requests = self._make(self.recvs, self.sends)
         self.sizes = [(index, peer, buf.nbytes) for index, (peer, buf, _) in enumerate(self.recvs)]
         self.statuses = [MPI.Status() for _ in self.requests]

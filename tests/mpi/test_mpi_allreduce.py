@@ -103,10 +103,12 @@ def test_messages_just_past_the_eager_limit_travel_in_two_pieces_and_stay_exact(
     limit): odd and even element counts, 1- to 8-byte elements, repeated calls, in place."""
     from collectives.comm import mpi as mpi_comm
 
-    split = mpi_comm._pieces(0, np.empty(2001, np.int32), 0)
-    if mpi_comm._EAGER_LIMIT:
-        assert [piece.size for _, piece, _ in split] == [1001, 1000]
-        assert np.shares_memory(split[0][1], split[1][1]) is False
+    split = mpi_comm._pieces(0, np.empty(2001, np.int32), 0, 8000)
+    assert [piece.size for _, piece, _ in split] == [1001, 1000]
+    assert np.shares_memory(split[0][1], split[1][1]) is False
+    assert len(mpi_comm._pieces(0, np.empty(2000, np.int32), 0, 8000)) == 1  # 8,000 B: eager as it is
+    assert len(mpi_comm._pieces(0, np.empty(4001, np.int32), 0, 8000)) == 1  # past twice the limit
+    assert len(mpi_comm._pieces(0, np.empty(2001, np.int32), 0, 0)) == 1  # 0: off
     ok, why = True, ""
     for dtype, count in ((np.int8, 8001), (np.int32, 2001), (np.float64, 1999), (np.int64, 2000)):
         for call in range(3):
@@ -118,6 +120,39 @@ def test_messages_just_past_the_eager_limit_travel_in_two_pieces_and_stay_exact(
             if not (np.array_equal(y, expected) and np.array_equal(z, expected) and identical_everywhere(y)):
                 ok, why = False, f"{np.dtype(dtype)} x {count}, call {call}"
     agree(ok, why)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("limit, requests", [(None, 4), ("0", 2)])
+def test_a_prepared_steps_requests_follow_the_eager_limit(monkeypatch, limit, requests):
+    """At n=2 recursive doubling on 9,600 B is one exchange step of one message each way: four
+    persistent requests under MPICH's default limit (two pieces each way), two with it off."""
+    from collectives.comm import mpi as mpi_comm
+
+    if WORLD.size != 2 or not mpi_comm._DEFAULT_EAGER_LIMIT:
+        pytest.skip("needs two ranks and MPICH's measured eager limit")
+    if limit is None:
+        monkeypatch.delenv("COLLECTIVES_EAGER_LIMIT", raising=False)
+    else:
+        monkeypatch.setenv("COLLECTIVES_EAGER_LIMIT", limit)
+    sub = WORLD.Dup()
+    y = collectives.allreduce(np.ones(2400, np.float32), comm=sub, algorithm="recursive_doubling")
+    steps = [step for step in list(mpi_comm._live_steps) if step.mpi_comm is collectives.as_comm(sub).mpi_comm]
+    counts = sorted(len(step.requests) for step in steps)
+    sub.Free()
+    agree((y == 2).all() and counts == [requests], f"requests per prepared step: {counts}")
+
+
+def test_a_malformed_eager_limit_is_refused_before_any_message(monkeypatch):
+    if WORLD.size < 2:
+        pytest.skip("one rank's plan has no messages to prepare")
+    monkeypatch.setenv("COLLECTIVES_EAGER_LIMIT", "8k")
+    sub = WORLD.Dup()
+    try:
+        with pytest.raises(ValueError, match="COLLECTIVES_EAGER_LIMIT must be a whole number of bytes"):
+            collectives.allreduce(np.ones(2400, np.float32), comm=sub, algorithm="ring")
+    finally:
+        sub.Free()
 
 
 @pytest.mark.timeout(120)
