@@ -106,7 +106,7 @@ def native_allreduce_args(op, dtype):
     if dtype.name != "bfloat16":
         return MPI_OPS[op], lambda buf: buf
     if op not in _user_ops:
-        ufunc = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
+        ufunc = getattr(np, collectives.OPS[op])  # avg: add here, the division comes after
 
         def reduce_words(inbuf, inoutbuf, datatype):
             acc = np.frombuffer(inoutbuf, dtype=dtype)
