@@ -5,7 +5,7 @@ plans built from the shared phases, so they run on every communicator and in
 the simulator. Blocks follow ``numpy.array_split`` bounds of the flattened array.
 """
 from .plan import IN, OUT, PlanBuilder, block_bounds
-from .algorithms import _phases
+from . import phases as _phases
 
 
 def reduce_scatter_ring(rank, size, count, itemsize=1):

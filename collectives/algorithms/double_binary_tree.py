@@ -19,7 +19,7 @@ Reference: Sanders, Speck and Träff, Parallel Computing 35(12), 2009; NCCL 2.4
 ("Massively scale your deep learning training with NCCL 2.4", NVIDIA, 2019).
 """
 from ..plan import PlanBuilder
-from . import _phases
+from .. import phases as _phases
 from ._options import Option, positive_int
 
 NAME = "double_binary_tree"

@@ -22,7 +22,7 @@ Reference: TensorFlow, tensorflow/python/distribute/cross_device_ops.py
 (HierarchicalCopyAllReduce), and all_reduce.py's build_shuffle_then_ring.
 """
 from ..plan import IN, OUT, TMP, PlanBuilder, block_bounds
-from . import _phases
+from .. import phases as _phases
 from ._options import Option, optional_positive_int
 
 NAME = "hierarchical_copy"

@@ -15,7 +15,7 @@ Reference: Rabenseifner, "Optimization of collective reduction operations",
 ICCS 2004; Thakur, Rabenseifner and Gropp, IJHPCA 19(1), 2005.
 """
 from ..plan import PlanBuilder, block_bounds
-from . import _phases
+from .. import phases as _phases
 
 NAME = "rabenseifner"
 OPTIONS = {}

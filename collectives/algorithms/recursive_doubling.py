@@ -16,7 +16,7 @@ Reference: Thakur, Rabenseifner and Gropp, "Optimization of collective
 communication operations in MPICH", IJHPCA 19(1), 2005.
 """
 from ..plan import PlanBuilder
-from . import _phases
+from .. import phases as _phases
 
 NAME = "recursive_doubling"
 OPTIONS = {}

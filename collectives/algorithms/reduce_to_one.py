@@ -14,7 +14,7 @@ Reference: TensorFlow, tensorflow/python/distribute/cross_device_ops.py
 (ReductionToOneDevice).
 """
 from ..plan import IN, OUT, TMP, PlanBuilder
-from . import _phases
+from .. import phases as _phases
 from ._options import Option, rank_in_world
 
 NAME = "reduce_to_one"

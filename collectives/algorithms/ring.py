@@ -17,7 +17,7 @@ Reference: Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
 clusters of workstations", JPDC 69(2), 2009.
 """
 from ..plan import PlanBuilder, block_bounds
-from . import _phases
+from .. import phases as _phases
 
 NAME = "ring"
 OPTIONS = {}

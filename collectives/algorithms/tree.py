@@ -17,7 +17,7 @@ Reference: Sanders, Speck and Träff, "Two-tree algorithms for full bandwidth
 broadcast, reduction and scan", Parallel Computing 35(12), 2009.
 """
 from ..plan import PlanBuilder
-from . import _phases
+from .. import phases as _phases
 from ._options import Option, positive_int
 
 NAME = "tree"

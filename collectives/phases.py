@@ -5,7 +5,7 @@ A phase works on ``ranks``, the participating world ranks in the phase's order
 bounds given in elements. ``src`` names where this rank's contribution lives
 before the phase (IN, or OUT once an earlier phase wrote it); results land in OUT.
 """
-from ..plan import IN, OUT, TMP, max_width
+from .plan import IN, OUT, TMP, max_width
 
 
 def _index(b, ranks):

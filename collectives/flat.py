@@ -1,0 +1,185 @@
+"""Every rank's plan at once: built with the algorithm's own ``build``, flattened into arrays.
+
+The timing model (``collectives.simulate``) and the symbolic check (``collectives.symbolic``)
+both read the plans of all ranks as flat numpy arrays: steps numbered globally, messages in
+post order with their matching message on the other side, local operations.
+"""
+import operator
+import types
+from itertools import chain
+
+import numpy as np
+
+from .plan import COPY, FINAL, REDUCE, PlanError
+
+_registry = __import__("importlib").import_module("collectives.algorithms")
+
+
+def algorithm_module(algorithm):
+    """The algorithm object for a registered name, or ``algorithm`` itself (module, class or
+    instance with NAME, OPTIONS, build and cost)."""
+    if isinstance(algorithm, str):
+        return _registry.get(algorithm)
+    return algorithm
+
+
+def _params(module, ranks, options, topology):
+    from .algorithms._options import normalize
+
+    opts = normalize(module.NAME, module.OPTIONS, options)
+    if hasattr(module, "check"):
+        module.check(opts, ranks)
+    if hasattr(module, "resolve"):
+        fake = types.SimpleNamespace(size=ranks, node_colors=lambda: tuple(
+            (topology.node(r) if topology else 0) for r in range(ranks)))
+        opts = module.resolve(opts, fake)
+    return opts
+
+
+def build_plans(algorithm, ranks, count, itemsize=4, topology=None, **options):
+    module = algorithm_module(algorithm)
+    params = _params(module, ranks, options, topology)
+    return [module.build(r, ranks, count, itemsize=itemsize, **params) for r in range(ranks)]
+
+
+# flat plans ------------------------------------------------------------------------------
+# The timing model and the symbolic check both run on every rank's plan at once. The plans
+# (built by the algorithms' own ``build``) are flattened once into arrays: steps numbered
+# globally (rank r's step s is ``start[r] + s``, with one unused number between ranks),
+# messages in post order with their matching message on the other side, local operations.
+_PAD = {8: (), 6: (0, 0), 4: (0, 0, 0, 0)}
+_first, _last = operator.itemgetter(0), operator.itemgetter(-1)
+
+
+class _Flat:
+    """Every rank's plan as flat arrays (see the comment above)."""
+
+    def __init__(self, plans, ops=False):
+        p = len(plans)
+        self.p = p
+        self.algorithm = plans[0].algorithm if plans else ""
+        self.count = plans[0].count if plans else 0
+        nsteps = np.fromiter((len(plan.steps) for plan in plans), np.int64, p)
+        start = np.zeros(p + 1, np.int64)
+        np.cumsum(nsteps + 1, out=start[1:])
+        self.nsteps, self.start = nsteps, start
+        self.in_count = np.fromiter((plan.in_count for plan in plans), np.int64, p)
+        self.out_count = np.fromiter((plan.out_count for plan in plans), np.int64, p)
+        self.tmp_count = np.fromiter((plan.tmp_count for plan in plans), np.int64, p)
+        sends, recvs, local = [], [], []
+        ns, nr, nl = [], [], []
+        for plan in plans:
+            if plan.steps:
+                s_, r_, l_ = zip(*plan.steps)
+                ns += map(len, s_)
+                nr += map(len, r_)
+                nl += map(len, l_)
+                sends += chain.from_iterable(s_)
+                recvs += chain.from_iterable(r_)
+                local += chain.from_iterable(l_)
+            ns.append(0)
+            nr.append(0)
+            nl.append(0)
+        G = int(start[-1])
+        self.steps_total = G
+        self.step_rank = np.repeat(np.arange(p, dtype=np.int64), nsteps + 1)
+
+        def offsets(counts):
+            out = np.zeros(G + 1, np.int64)
+            np.cumsum(np.fromiter(counts, np.int64, G), out=out[1:])
+            return out
+
+        self.ss, self.rs, self.ls = offsets(ns), offsets(nr), offsets(nl)
+        del ns, nr, nl
+        S = np.fromiter(chain.from_iterable(sends), np.int64, 5 * len(sends)).reshape(-1, 5)
+        del sends
+        R = np.fromiter(chain.from_iterable(recvs), np.int64, 5 * len(recvs)).reshape(-1, 5)
+        del recvs
+        gid = np.arange(G, dtype=np.int64)
+        self.s_step = np.repeat(gid, np.diff(self.ss))
+        self.r_step = np.repeat(gid, np.diff(self.rs))
+        self.s_rank = self.step_rank[self.s_step]
+        self.r_rank = self.step_rank[self.r_step]
+        self.s_peer, self.s_buf, self.s_lo, self.s_hi, self.s_chan = S.T.copy()  # rows: contiguous
+        self.r_peer, self.r_buf, self.r_lo, self.r_hi, self.r_chan = R.T.copy()
+        del S, R
+        for peer, rank, step, buf, lo, verb in ((self.s_peer, self.s_rank, self.s_step, self.s_buf, self.s_lo, "sends to"),
+                                                (self.r_peer, self.r_rank, self.r_step, self.r_buf, self.r_lo,
+                                                 "receives from")):
+            bad = np.flatnonzero((peer < 0) | (peer >= p))
+            if bad.size:
+                k = int(bad[0])
+                r = int(rank[k])
+                raise PlanError(f"{verb} rank {int(peer[k])}, out of range (ranks are 0..{p - 1})", self.algorithm,
+                                p, self.count, None, r, int(step[k] - start[r]) + 1, int(nsteps[r]),
+                                "in out tmp".split()[int(buf[k])] if 0 <= buf[k] <= 2 else None, int(lo[k]))
+        self.s_len = self.s_hi - self.s_lo
+        self.r_len = self.r_hi - self.r_lo
+        self.l_step = np.repeat(gid, np.diff(self.ls))
+        nops = len(local)
+        if ops:
+            L = np.fromiter(chain.from_iterable(op + _PAD[len(op)] for op in local), np.int64,
+                            8 * nops).reshape(-1, 8)
+            kind = L[:, 0]
+            self.l_kind = kind.copy()
+            self.l_dst, self.l_dlo = L[:, 1].copy(), L[:, 2].copy()
+            # operands: a for REDUCE and COPY, b for REDUCE only (0 elsewhere)
+            self.l_a = np.where(kind == FINAL, 0, L[:, 3])
+            self.l_alo = np.where(kind == FINAL, 0, L[:, 4])
+            self.l_b = np.where(kind == REDUCE, L[:, 5], 0)
+            self.l_blo = np.where(kind == REDUCE, L[:, 6], 0)
+            self.l_n = np.where(kind == REDUCE, L[:, 7], np.where(kind == COPY, L[:, 5], L[:, 3]))
+        else:
+            self.l_kind = np.fromiter(map(_first, local), np.int64, nops)
+            self.l_n = np.fromiter(map(_last, local), np.int64, nops)
+        del local
+        reduces = self.l_kind == REDUCE
+        self.work = np.bincount(self.l_step[reduces], weights=self.l_n[reduces], minlength=G).astype(np.int64)
+        self._pair()
+
+    def _pair(self):
+        """Match sends with receives: FIFO per (source, destination, channel), in post order."""
+        p = self.p
+        cmin = min(int(self.s_chan.min(initial=0)), int(self.r_chan.min(initial=0)))
+        nchan = max(int(self.s_chan.max(initial=0)), int(self.r_chan.max(initial=0))) - cmin + 1
+        ks = (self.s_rank * p + self.s_peer) * nchan + (self.s_chan - cmin)
+        kr = (self.r_peer * p + self.r_rank) * nchan + (self.r_chan - cmin)
+        order_s = np.argsort(ks, kind="stable")
+        order_r = np.argsort(kr, kind="stable")
+        self.s_match = np.full(len(ks), -1, np.int64)
+        self.r_match = np.full(len(kr), -1, np.int64)
+        sorted_s, sorted_r = ks[order_s], kr[order_r]
+        if len(ks) == len(kr) and np.array_equal(sorted_s, sorted_r):
+            self.s_match[order_s] = order_r
+            self.r_match[order_r] = order_s
+            return
+        # unequal counts somewhere (a broken plan): pair the k-th send with the k-th receive
+        _, dense = np.unique(np.concatenate([sorted_s, sorted_r]), return_inverse=True)
+        dense = dense.ravel()
+
+        def occurrence(sorted_keys):
+            n = len(sorted_keys)
+            first = np.ones(n, bool)
+            first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+            return np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))
+
+        occ_s, occ_r = occurrence(sorted_s), occurrence(sorted_r)
+        width = int(max(occ_s.max(initial=0), occ_r.max(initial=0))) + 1
+        cs = dense[:len(ks)] * width + occ_s
+        cr = dense[len(ks):] * width + occ_r  # sorted already
+        pos = np.searchsorted(cr, cs)
+        hit = pos < len(cr)
+        hit[hit] = cr[pos[hit]] == cs[hit]
+        self.s_match[order_s[hit]] = order_r[pos[hit]]
+        self.r_match[order_r[pos[hit]]] = order_s[hit]
+
+    def local_step(self, g):
+        return int(g - self.start[self.step_rank[g]])
+
+    def per_rank(self, rank_of, values):
+        """Sum of ``values`` per rank, for items sorted by rank (exact integers)."""
+        bounds = np.searchsorted(rank_of, np.arange(self.p + 1))
+        total = np.zeros(len(values) + 1, np.int64)
+        np.cumsum(values, out=total[1:])
+        return (total[bounds[1:]] - total[bounds[:-1]]).tolist()
+
