@@ -6,19 +6,24 @@ Quick use::
     result = collectives.allreduce(np.arange(10.0), algorithm="ring")   # under mpiexec
 
     collectives.run_threaded(4, lambda comm: collectives.allreduce(np.ones(3), comm=comm))
+
+Your own algorithm: ``collectives.register_algorithm(obj)`` (see docs/writing-an-algorithm.md).
 """
 from .api import (algorithm_options, algorithms, allgather, allreduce, as_comm, broadcast, clear_caches,
                   library_memory, reduce, reduce_scatter)
 from .comm import Communicator, ThreadComm, run_threaded
 from .errors import CollectiveError, CollectiveTimeout, MismatchError, PeerAborted
 from .ops import DTYPES, OPS
+from .algorithms._options import Option
+from .plan import PlanError
+from .plugins import register_algorithm, unregister_algorithm, verify
 
 __version__ = "0.1.0"
 
 __all__ = ["allreduce", "algorithms", "algorithm_options", "reduce_scatter", "allgather", "broadcast",
            "reduce", "run_threaded", "as_comm", "clear_caches", "library_memory", "Communicator", "ThreadComm",
            "MPIComm", "CollectiveError", "CollectiveTimeout", "MismatchError", "PeerAborted", "OPS", "DTYPES",
-           "simulate"]
+           "simulate", "register_algorithm", "unregister_algorithm", "verify", "PlanError", "Option"]
 
 
 def __getattr__(name):

@@ -37,7 +37,7 @@ def choose(comm, nbytes, dtype):
         from . import tuning
 
         table_choice = tuning.lookup(comm.size, nbytes, dtype)
-        if table_choice is not None:
+        if table_choice is not None and table_choice in _algorithms.names():  # a plugin not loaded now
             hit = (table_choice, "tuning table")
         else:
             # shm is left to the tuning table: measured here it trails the ring (see RESULTS.md)

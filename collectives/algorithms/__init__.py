@@ -6,9 +6,12 @@ count, itemsize, **params) -> Plan`` and ``cost(p, nbytes, alpha, beta, gamma,
 communicator, such as node groups), ``check(options, size)``, and
 ``run(comm, inbuf, outbuf, reduce_fn, final_fn)``: a transport-specific fast path
 (shared memory) that moves the same data as the plan and returns False where it
-does not apply. Registering
-an algorithm is adding its module name to ``_MODULES``; the test sweep and
-the benchmark pick it up from ``collectives.algorithms()``.
+does not apply. A built-in algorithm is a module named in ``_MODULES``; algorithms from
+outside the package come through ``collectives.register_algorithm`` (which verifies their
+plans first, ``collectives/plugins.py``). Hooks in ``on_load`` run once, after the built-ins
+are registered and before the first lookup returns (plugins from entry points and
+``COLLECTIVES_PLUGINS``). The test sweep and the benchmark take every name from
+``collectives.algorithms()``.
 """
 import importlib
 import threading
@@ -17,29 +20,53 @@ from ._options import normalize
 
 _MODULES = ["ring", "tree", "double_binary_tree", "recursive_doubling", "rabenseifner",
             "hierarchical_copy", "reduce_to_one", "shm"]
+BUILTIN = tuple(_MODULES)
 _REGISTRY = {}
-_lock = threading.Lock()
+_lock = threading.RLock()
 _loaded = False
+_loading = False
+on_load = []  # callables run once, after the built-ins are registered
+
+
+def add_load_hook(hook):
+    """Run ``hook()`` when the registry first loads (now, if it already has)."""
+    on_load.append(hook)
+    if _loaded:
+        hook()
 
 
 def register(name, module):
-    """Add (or replace) an algorithm module under ``name``."""
+    """Add (or replace) an algorithm under ``name``, unchecked (``collectives.register_algorithm``
+    verifies the plans first)."""
     for attr in ("build", "cost", "OPTIONS"):
         if not hasattr(module, attr):
-            raise TypeError(f"algorithm module {module.__name__} lacks {attr}")
+            raise TypeError(f"algorithm {getattr(module, '__name__', module)!r} lacks {attr}")
     _REGISTRY[name] = module
 
 
+def unregister(name):
+    _load()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(_REGISTRY)}")
+    del _REGISTRY[name]
+
+
 def _load():
-    global _loaded
+    global _loaded, _loading
     if _loaded:
         return
-    with _lock:  # threads of one world may race to the first call
-        if not _loaded:
+    with _lock:  # threads of one world may race to the first call; hooks may look names up
+        if _loaded or _loading:
+            return
+        _loading = True
+        try:
             for name in _MODULES:
                 if name not in _REGISTRY:
                     register(name, importlib.import_module(f"{__name__}.{name}"))
-            _loaded = True
+            for hook in list(on_load):
+                hook()
+        finally:
+            _loaded, _loading = True, False
 
 
 def names():
