@@ -31,6 +31,14 @@ class _Exact:
 
     twice = "reduces some rank's contribution twice"
 
+    @staticmethod
+    def fold(acc, more):
+        """acc op more[0] op more[1] ...: (result, mask of elements counting a rank twice)."""
+        bits = np.bitwise_count(acc).sum(axis=-1, dtype=np.int64) + \
+            np.bitwise_count(more).sum(axis=(0, 2), dtype=np.int64)
+        result = acc | np.bitwise_or.reduce(more, axis=0)
+        return result, np.bitwise_count(result).sum(axis=-1, dtype=np.int64) != bits
+
     def complete(self, values):
         return (values == self.full).all(axis=1)
 
@@ -66,6 +74,10 @@ class _Fingerprint:
     @staticmethod
     def combine(a, b):
         return a + b, None
+
+    @staticmethod
+    def fold(acc, more):
+        return acc + more.sum(axis=0, dtype=np.uint64), None
 
     def complete(self, values):
         return values == self.total

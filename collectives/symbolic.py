@@ -15,7 +15,7 @@ read after the same element of OUT was written.
 import numpy as np
 
 from ._static import StaticChecks
-from ._symbols import _ENGINES, _Exact, _expand
+from ._symbols import _ENGINES, _Exact, _Fingerprint, _expand
 from .flat import _Flat
 from .plan import BUFFER_NAMES, COPY, FINAL, IN, OUT, REDUCE, TMP, PlanError
 
@@ -258,8 +258,17 @@ class _Verifier(StaticChecks):
                 del chunks[c]
 
     def local(self, lids, lstart, counts):
-        """Run the local operations of the steps that complete, position by position."""
+        """Run the local operations of the steps that complete, position by position (a step
+        with many operations runs alone, its accumulating chains folded in one go)."""
         kinds = self.f.l_kind
+        long = np.flatnonzero(counts > 16)
+        if long.size:
+            for i in long.tolist():
+                self.long_step(np.arange(lstart[i], lstart[i] + counts[i]))
+            keep = np.repeat(counts <= 16, counts)
+            lids, lstart, counts = lids[keep], lstart[counts <= 16], counts[counts <= 16]
+            if not lids.size:
+                return
         deepest = int(counts.max())
         if deepest == 1:
             groups = [lids]
@@ -278,6 +287,42 @@ class _Verifier(StaticChecks):
                     sub = ids[k == kind]
                     if sub.size:
                         self.apply(kind, sub)
+
+    def long_step(self, ids):
+        """One rank's step of many operations, in order; a run of ``dst = dst op b`` on one
+        region (an accumulator) is folded at once."""
+        f = self.f
+        kind, dst, dlo, n = f.l_kind[ids], f.l_dst[ids], f.l_dlo[ids], f.l_n[ids]
+        cont = np.zeros(len(ids), bool)
+        cont[1:] = ((kind[1:] == REDUCE) & (f.l_a[ids[1:]] == dst[1:]) & (f.l_alo[ids[1:]] == dlo[1:])
+                    & (dst[1:] == dst[:-1]) & (dlo[1:] == dlo[:-1]) & (n[1:] == n[:-1]))
+        b, blo = f.l_b[ids], f.l_blo[ids]
+        cont &= (b != dst) | (blo + n <= dlo) | (dlo + n <= blo)  # b never overlaps the accumulator
+        heads = np.flatnonzero(~cont).tolist() + [len(ids)]
+        for h, nxt in zip(heads[:-1], heads[1:]):
+            head = ids[h:h + 1]
+            if self.written is not None:
+                self.check_in_reads(head, local=True)
+            self.apply(int(kind[h]), head)
+            if nxt > h + 1:
+                self.fold(ids[h + 1:nxt])
+
+    def fold(self, run):
+        f, eng = self.f, self.eng
+        if self.written is not None:
+            self.check_in_reads(run, local=True)
+        n = int(f.l_n[run[0]])
+        acc = np.arange(n, dtype=self.index) + self.l_dst[run[0]]
+        idx = _expand(self.l_b[run], f.l_n[run], self.index)
+        result, bad = eng.fold(eng.get(self.values, acc), eng.get(self.values, idx).reshape((len(run), n) + (
+            () if isinstance(eng, _Fingerprint) else (-1,))))
+        if bad is not None and bad.any() or self.final.take(idx).any():
+            for op in run:  # replay one by one: the first broken one raises with its place
+                self.apply(REDUCE, run[op == run])
+        eng.put(self.values, acc, result)
+        np.put(self.final, acc, False)
+        if self.written is not None:
+            self.written[acc] = True
 
     def apply(self, kind, ids):
         f, eng, values, final = self.f, self.eng, self.values, self.final
