@@ -51,6 +51,9 @@ def parse_args(argv):
     p.add_argument("-r", "--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--check-cost", action="store_true", help="add an 'auto+check' row (COLLECTIVES_CHECK=1)")
+    p.add_argument("--guard-cost", action="store_true",
+                   help="add an 'auto-unguarded' row: auto on a communicator wrapped with COLLECTIVES_GUARD=0 "
+                        "(calls without their signature in the tags), to measure what the mismatch guard costs")
     p.add_argument("--json", help="write every measurement to this file")
     p.add_argument("--plot", help="draw busbw against size to this PNG")
     args = p.parse_args(argv)
@@ -138,7 +141,7 @@ def make_runner(name, comm, op, backend_arrays):
             def ip():
                 comm.Allreduce(MPI.IN_PLACE, recvbuf_msg, op=mpi_op)
         return oop, ip
-    algorithm = "auto" if name == "auto+check" else name
+    algorithm = "auto" if name in ("auto+check", "auto-unguarded") else name
 
     def oop():
         collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm)
@@ -196,6 +199,8 @@ def main(argv=None):
     names = algorithm_list(args.algorithms)
     if args.check_cost:
         names.append("auto+check")
+    if args.guard_cost:
+        names.append("auto-unguarded")
     rows = ["native"] + names
     gpu = None
     if args.device == "gpu":
@@ -204,7 +209,16 @@ def main(argv=None):
         if not available:
             raise SystemExit(f"--device gpu: {why}")
         gpu = gpu_support
+    collectives.barrier(comm)  # every rank is here (bounded by COLLECTIVES_TIMEOUT) before blocking MPI calls
     ours = collectives.as_comm(comm)
+    unguarded = None
+    if args.guard_cost:
+        unguarded = comm.Dup()
+        os.environ["COLLECTIVES_GUARD"] = "0"
+        try:
+            collectives.as_comm(unguarded)  # wrapped now, unguarded for its lifetime
+        finally:
+            del os.environ["COLLECTIVES_GUARD"]
     if rank == 0:
         print(f"# collectives {collectives.__version__} allreduce_perf: {n} ranks, {MPI.Get_library_version().splitlines()[0]}")
         print(f"# iters {args.iters} warmup {args.warmup_iters} rounds {args.rounds} (median; a round times a loop of "
@@ -233,7 +247,8 @@ def main(argv=None):
         recvbuf = np.empty_like(data)
         if gpu is not None:
             sendbuf, recvbuf = gpu.make_buffers(data), gpu.make_buffers(np.empty_like(data))
-        runners = {name: make_runner(name, comm, args.op, (sendbuf, recvbuf)) for name in rows}
+        runners = {name: make_runner(name, unguarded if name == "auto-unguarded" else comm, args.op,
+                                     (sendbuf, recvbuf)) for name in rows}
         if gpu is not None:
             nccl = gpu.nccl_allreduce_timer(comm, sendbuf, recvbuf, args.op)
             if nccl is not None:
@@ -309,6 +324,14 @@ def main(argv=None):
               f"(largest message {max((r['size'] for r in records), default=0) / 2**20:.2f} MiB); "
               f"small-message programs {max(b for b, _ in program_bytes) / 2**20:.2f} MiB over "
               f"{max(k for _, k in program_bytes)} cached call shapes, each within its message")
+        if args.guard_cost:
+            by_size = {}
+            for r in records:
+                by_size.setdefault(r["size"], {})[r["algorithm"]] = r
+            ratios = [f"{size} B {pair['auto']['oop']['time_us'] / pair['auto-unguarded']['oop']['time_us']:.3f}"
+                      for size, pair in by_size.items()
+                      if "auto" in pair and "auto-unguarded" in pair and pair["auto-unguarded"]["oop"]["time_us"] > 0]
+            print("# Mismatch guard cost (auto time / auto-unguarded time, out of place): " + ", ".join(ratios))
         print(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}", flush=True)
     if args.json and rank == 0:
         with open(args.json, "w") as f:
@@ -318,6 +341,8 @@ def main(argv=None):
                        "programs_mib": [b / 2**20 for b, _ in program_bytes]}, f, indent=1)
     if args.plot and rank == 0:
         plot(records, args.plot, n)
+    if unguarded is not None:
+        unguarded.Free()
     return 1 if total_wrong else 0
 
 

@@ -47,6 +47,39 @@ def as_comm(comm):
     return _mpi.wrap(comm)
 
 
+def _usable(comm):
+    """as_comm(comm), refused with a CollectiveError when a call failed on it before."""
+    ours = as_comm(comm)
+    if ours.failed is not None:
+        ours.check_usable()
+    return ours
+
+
+def barrier(comm=None):
+    """Wait until every rank of ``comm`` calls it, bounded by COLLECTIVES_TIMEOUT (a timeout
+    names the ranks not heard from). Tools call it before their first blocking MPI call."""
+    ours = _usable(comm)
+    try:
+        ours.barrier("barrier")
+    except CollectiveError as exc:
+        _failed(ours, "barrier", exc)
+        raise
+
+
+def signature(kind, name, op, dtype, count, params=()):
+    """The text every rank derives from its call: it picks the call's message tags."""
+    return f"{kind}|{name}|{op}|{dtype.name}|{count}|{sorted(params.items()) if params else ''}"
+
+
+def _failed(comm, what, exc):
+    """A call failed after messages moved: the communicator is marked failed (later calls
+    raise), its cached call shapes dropped, and under MPI the job aborts unless
+    COLLECTIVES_ON_ERROR=raise."""
+    comm.mark_failed(what, exc)
+    _forget(comm)
+    comm.on_failure(exc)
+
+
 def _cached_plan(key, make):
     plan = _plans.get(key)
     if plan is None:
@@ -126,15 +159,15 @@ def _as_array(buf, name):
     return np.asarray(buf)
 
 
-def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, fast=None):
+def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, fast=None, signature=None):
     try:
         if fast is not None and fast(comm, flat_in, flat_out, reduce_fn, final_fn):
             return
         tmp = _scratch(comm, backend, flat_out.dtype, plan.tmp_count)
         sync = backend.synchronize if backend.is_device else None
-        execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync)
+        execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync, signature)
     except CollectiveError as exc:
-        comm.on_failure(exc)  # under MPI: abort the job unless COLLECTIVES_ON_ERROR=raise
+        _failed(comm, what, exc)
         raise
 
 
@@ -150,8 +183,8 @@ def _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, fina
     hit = _programs.get(key)
     if hit is not None and hit[0] is comm:
         return hit[1]
-    program = Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what,
-                      f"allreduce|{name}|{op}")
+    tag_key = signature("allreduce", name, op, dtype, count, params) if comm.signed else f"allreduce|{name}|{op}"
+    program = Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what, tag_key)
     _programs[key] = (comm, program)
     if len(_programs) > _PLAN_CACHE_SIZE:
         _programs.popitem(last=False)
@@ -162,7 +195,7 @@ def _run_program(program, comm, sendbuf, recvbuf):
     try:
         program(sendbuf, recvbuf)
     except CollectiveError as exc:
-        comm.on_failure(exc)  # under MPI: abort the job unless COLLECTIVES_ON_ERROR=raise
+        _failed(comm, program.what, exc)
         raise
 
 
@@ -202,7 +235,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
         try:
             last[6](sendbuf, recvbuf)
         except CollectiveError as exc:
-            last[7].on_failure(exc)
+            _failed(last[7], last[6].what, exc)
             raise
         return recvbuf
     # the short path: a call shape seen before, contiguous NumPy buffers, no options
@@ -210,7 +243,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
             and _no_overrides():
         hit = _fast.get((id(comm), algorithm, op, sendbuf.dtype, sendbuf.size))
         if hit is not None and hit[0] is comm:
-            _, ours, plan, reduce_fn, final_fn, what, fast, program = hit
+            _, ours, plan, reduce_fn, final_fn, what, fast, program, sig = hit
             if program is not None:  # small message: a prepared program copies in and out itself
                 if recvbuf is None:
                     result = np.empty(sendbuf.shape, sendbuf.dtype)
@@ -223,7 +256,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
                     try:
                         program(sendbuf, result)
                     except CollectiveError as exc:
-                        ours.on_failure(exc)
+                        _failed(ours, what, exc)
                         raise
                     if result is recvbuf:  # remember the buffers (held until the next call)
                         _last[:] = (sendbuf, recvbuf, comm, algorithm, op, sendbuf.dtype, program, ours)
@@ -243,7 +276,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
                 else:
                     result = None
                 if result is not None:
-                    _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what, fast)
+                    _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what, fast, sig)
                     return result
     return _allreduce(sendbuf, recvbuf, op, algorithm, comm, options)
 
@@ -265,7 +298,7 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
                              f"dtype {dtype}")
         if backend_for(recvbuf) is not backend:
             raise ValueError("sendbuf and recvbuf must both be host (NumPy) or both device (CuPy) arrays")
-    comm = as_comm(comm)
+    comm = _usable(comm)
     name = _select(algorithm, comm, sendbuf.nbytes, dtype)
     module = _algorithms.get(name)
     if name != algorithm and options:  # forced or chosen: keep only the options it takes
@@ -282,6 +315,7 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
         from .check import agree
         agree(comm, "allreduce", name, op, dtype, count, params)
     what = f"allreduce({name})"
+    sig = signature("allreduce", name, op, dtype, count, params)
     fast = getattr(module, "run", None) if backend is NUMPY else None
     program = _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what) \
         if backend is NUMPY else None
@@ -289,7 +323,7 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
         if len(_fast) > 1024:
             _fast.clear()
         _fast[(id(user_comm), algorithm, op, dtype, count)] = (user_comm, comm, plan, reduce_fn, final_fn, what,
-                                                               fast, program)
+                                                               fast, program, sig)
     if program is not None:
         source = sendbuf if backend.is_contiguous(sendbuf) else backend.flat_contiguous(sendbuf)
         if recvbuf is None:
@@ -305,22 +339,22 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     if in_place:
         if backend.is_contiguous(sendbuf):
             flat = sendbuf.reshape(-1)
-            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, fast)
+            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, fast, sig)
         else:
             flat = backend.flat_contiguous(sendbuf).copy()
-            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, fast)
+            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, fast, sig)
             backend.copyto(sendbuf, flat.reshape(sendbuf.shape))
         return sendbuf
     flat_in = backend.flat_contiguous(sendbuf)
     if recvbuf is None:
         result = backend.empty(count, dtype)
-        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, fast)
+        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, fast, sig)
         return result.reshape(sendbuf.shape)
     if backend.is_contiguous(recvbuf) and not backend.xp.may_share_memory(recvbuf, sendbuf):
-        _run(plan, comm, backend, flat_in, recvbuf.reshape(-1), reduce_fn, final_fn, what, fast)
+        _run(plan, comm, backend, flat_in, recvbuf.reshape(-1), reduce_fn, final_fn, what, fast, sig)
     else:  # a strided or overlapping recvbuf: reduce into a fresh buffer, then copy
         result = backend.empty(count, dtype)
-        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, fast)
+        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, fast, sig)
         backend.copyto(recvbuf, result.reshape(recvbuf.shape))
     return recvbuf
 
@@ -350,7 +384,7 @@ def reduce_scatter(sendbuf, *, op="sum", comm=None, algorithm="ring"):
     backend = backend_for(sendbuf)
     builder = _block_algorithm(_blocks.REDUCE_SCATTER, algorithm, "reduce_scatter")
     check_op_dtype(op, sendbuf.dtype)
-    comm = as_comm(comm)
+    comm = _usable(comm)
     reduce_fn, final_fn = _ufuncs(op, sendbuf.dtype, backend, comm.size)
     count = sendbuf.size
     plan = _cached_plan(("reduce_scatter", algorithm, comm.size, comm.rank, count),
@@ -358,7 +392,7 @@ def reduce_scatter(sendbuf, *, op="sum", comm=None, algorithm="ring"):
     maybe_check(comm, "reduce_scatter", algorithm, op, sendbuf.dtype, count, {})
     out = backend.empty(count, sendbuf.dtype)
     _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, reduce_fn, final_fn,
-         f"reduce_scatter({algorithm})")
+         f"reduce_scatter({algorithm})", signature=signature("reduce_scatter", algorithm, op, sendbuf.dtype, count))
     bounds = block_bounds(count, comm.size)
     return out[bounds[comm.rank]:bounds[comm.rank + 1]].copy()
 
@@ -370,7 +404,8 @@ def _exchange_counts(comm, count):
     plan = _cached_plan(("allgather", "counts", comm.size, comm.rank),
                         lambda: _blocks.allgather_ring(comm.rank, comm.size, list(range(comm.size + 1))))
     from .backend import NUMPY
-    _run(plan, comm, NUMPY, mine, counts, None, None, "allgather(counts)")
+    _run(plan, comm, NUMPY, mine, counts, None, None, "allgather(counts)",
+         signature=signature("allgather", "counts", "", mine.dtype, comm.size))
     return [int(c) for c in counts]
 
 
@@ -381,7 +416,7 @@ def allgather(sendbuf, *, comm=None, algorithm="ring"):
     builder = _block_algorithm(_blocks.ALLGATHER, algorithm, "allgather")
     if sendbuf.dtype not in set(_dtypes()):
         check_op_dtype("sum", sendbuf.dtype)
-    comm = as_comm(comm)
+    comm = _usable(comm)
     # blocks may differ in size by design: the check compares call, algorithm and dtype
     # (count 0 on every rank), before the count exchange moves anything
     maybe_check(comm, "allgather", algorithm, "sum", sendbuf.dtype, 0, {})
@@ -392,7 +427,8 @@ def allgather(sendbuf, *, comm=None, algorithm="ring"):
     plan = _cached_plan(("allgather", algorithm, comm.size, comm.rank, tuple(bounds)),
                         lambda: builder(comm.rank, comm.size, bounds))
     out = backend.empty(bounds[-1], sendbuf.dtype)
-    _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, None, None, f"allgather({algorithm})")
+    _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, None, None, f"allgather({algorithm})",
+         signature=signature("allgather", algorithm, "", sendbuf.dtype, bounds[-1]))
     return out
 
 
@@ -409,18 +445,19 @@ def broadcast(buf, *, root=0, comm=None, algorithm="binomial"):
     builder = _block_algorithm(_blocks.BROADCAST, algorithm, "broadcast")
     if buf.dtype not in set(_dtypes()):
         check_op_dtype("sum", buf.dtype)
-    comm = as_comm(comm)
+    comm = _usable(comm)
     root = _check_root(root, comm)
     count = buf.size
+    sig = signature("broadcast", algorithm, "", buf.dtype, count, {"root": root})
     plan = _cached_plan(("broadcast", algorithm, comm.size, comm.rank, count, root),
                         lambda: builder(comm.rank, comm.size, count, root=root))
     maybe_check(comm, "broadcast", algorithm, "sum", buf.dtype, count, {"root": root})
     if backend.is_contiguous(buf):
         flat = buf.reshape(-1)
-        _run(plan, comm, backend, flat, flat, None, None, f"broadcast({algorithm})")
+        _run(plan, comm, backend, flat, flat, None, None, f"broadcast({algorithm})", signature=sig)
     else:
         flat = backend.flat_contiguous(buf).copy()
-        _run(plan, comm, backend, flat, flat, None, None, f"broadcast({algorithm})")
+        _run(plan, comm, backend, flat, flat, None, None, f"broadcast({algorithm})", signature=sig)
         backend.copyto(buf, flat.reshape(buf.shape))
     return buf
 
@@ -431,7 +468,7 @@ def reduce(sendbuf, *, root=0, op="sum", comm=None, algorithm="binomial"):
     backend = backend_for(sendbuf)
     builder = _block_algorithm(_blocks.REDUCE, algorithm, "reduce")
     check_op_dtype(op, sendbuf.dtype)
-    comm = as_comm(comm)
+    comm = _usable(comm)
     root = _check_root(root, comm)
     reduce_fn, final_fn = _ufuncs(op, sendbuf.dtype, backend, comm.size)
     count = sendbuf.size
@@ -439,5 +476,6 @@ def reduce(sendbuf, *, root=0, op="sum", comm=None, algorithm="binomial"):
                         lambda: builder(comm.rank, comm.size, count, root=root))
     maybe_check(comm, "reduce", algorithm, op, sendbuf.dtype, count, {"root": root})
     out = backend.empty(count, sendbuf.dtype)
-    _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, reduce_fn, final_fn, f"reduce({algorithm})")
+    _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, reduce_fn, final_fn, f"reduce({algorithm})",
+         signature=signature("reduce", algorithm, op, sendbuf.dtype, count, {"root": root}))
     return out.reshape(sendbuf.shape) if comm.rank == root else None

@@ -39,8 +39,18 @@ def allgather_recursive_doubling(rank, size, bounds, itemsize=1):
 
 
 def broadcast_binomial(rank, size, count, root=0, itemsize=1):
+    """Binomial tree from the root, then an empty acknowledgement from the root's first child
+    (rank root + 1), so that the root too waits for a message: ranks that disagree on the
+    root (each its own root) then meet each other's foreign messages instead of all returning."""
     b = PlanBuilder("broadcast(binomial)", rank, size, count)
     _phases.binomial_broadcast(b, range(size), root, 0, count)
+    if size > 1:
+        child = (root + 1) % size
+        b.step()
+        if rank == child:
+            b.send(root, OUT, 0, 0)
+        elif rank == root:
+            b.recv(child, OUT, 0, 0)
     return b.build()
 
 

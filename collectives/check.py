@@ -66,7 +66,7 @@ def agree(comm, kind, algorithm, op, dtype, count, params):
     bounds = [r * width for r in range(comm.size + 1)]
     plan = _cached_plan(("allgather", "check", comm.size, comm.rank),
                         lambda: blocks.allgather_ring(comm.rank, comm.size, bounds))
-    _run(plan, comm, NUMPY, mine, table, None, None, f"{kind}({algorithm}) check")
+    _run(plan, comm, NUMPY, mine, table, None, None, f"{kind}({algorithm}) check", signature="check")
     table = table.reshape(comm.size, width)
     for column, field in enumerate(FIELDS):
         values = table[:, column]

@@ -50,6 +50,22 @@ def check_enabled():
     return os.environ.get("COLLECTIVES_CHECK", "0") not in ("", "0", "false", "False", "no")
 
 
+def guard_enabled():
+    """COLLECTIVES_GUARD (default 1): calls carry their signature in their message tags, so that
+    ranks that disagree on a call never match each other's messages. Read when a communicator
+    is wrapped; ``0`` exists to measure what the guard costs."""
+    raw = os.environ.get("COLLECTIVES_GUARD", "1").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"COLLECTIVES_GUARD must be 0 or 1, got {raw!r}")
+    return raw != "0"
+
+
+def on_error():
+    """COLLECTIVES_ON_ERROR: ``raise``, or ``abort`` (the default, and any other value: a failure
+    path never stops on a malformed setting)."""
+    return "raise" if os.environ.get("COLLECTIVES_ON_ERROR", "").strip().lower() == "raise" else "abort"
+
+
 def forced_algorithm():
     """COLLECTIVES_ALGO=name forces one algorithm for every call (None when unset)."""
     return os.environ.get("COLLECTIVES_ALGO") or None

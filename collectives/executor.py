@@ -21,18 +21,20 @@ class StepName:
         return format(str(self), spec)
 
 
-def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=None):
+def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=None, signature=None):
     """Run ``plan`` with ``inbuf``/``outbuf``/``tmpbuf`` bound to IN/OUT/TMP.
 
     ``reduce_fn(a, b, out)`` is the op's ufunc; ``final_fn(region)`` runs where the
     plan marks a region complete (``avg`` divides there) or is None. ``what`` names
     the call in errors ("allreduce(ring)"). ``sync()``, where given (device
     arrays), runs before each step's messages so that MPI never reads device
-    memory a kernel is still writing.
+    memory a kernel is still writing. ``signature`` (a string naming the call, algorithm, op,
+    dtype, count, root and options) picks the call's tags (``comm.call_tag``): ranks that
+    disagree on any of it never match each other's messages.
     """
     bufs = (inbuf, outbuf, tmpbuf)
     in_place = inbuf is outbuf
-    tag = comm.next_tag() * NCHANNELS
+    tag = (comm.next_tag() if signature is None else comm.call_tag(signature)) * NCHANNELS
     steps = plan.steps
     nsteps = len(steps)
     exchange = comm.exchange
@@ -72,9 +74,9 @@ class Program:
     twice in a row gets a second binding straight onto them, with no copies. A program has one
     fixed tag base, ``comm.program_tag(tag_key)``, so that the transport can set its messages
     up once (MPI: persistent requests). Every rank derives the same tag from ``tag_key``
-    whatever its cache holds; the key names the algorithm and op but never the count or dtype,
-    which a faulty call can make differ across ranks: mismatched ranks still exchange
-    messages, and the message-size check names the fault instead of a timeout. Successive
+    whatever its cache holds; the key names the call's whole signature (algorithm, op, dtype,
+    count), so that ranks whose calls differ never match each other's messages: a waiting
+    rank finds the peer's foreign message and raises MismatchError (or times out). Successive
     calls (of this and of other programs with the same key) share the tag and are kept apart
     by MPI's in-order matching between a pair of ranks, since every rank makes its calls in
     the same order; the tag range keeps them apart from other collectives.

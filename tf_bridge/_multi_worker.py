@@ -27,6 +27,8 @@ def tf_config_from_mpi(comm=None):
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if comm is None else comm
+    # every rank must be here before mpi4py's blocking all-gathers: bounded by COLLECTIVES_TIMEOUT
+    collectives.barrier(comm)
     names = comm.allgather(MPI.Get_processor_name())
     if len(set(names)) == 1:
         host = "127.0.0.1"
@@ -46,21 +48,30 @@ def multi_worker_strategy(algorithm="ring", cross_device_ops=None, *, comm=None,
     built from the MPI world (unless ``set_tf_config=False`` and it is already set). The
     strategy's gradient all-reduce (and every other reduction it makes) goes through
     ``cross_device_ops``, by default ``CollectivesAllReduce(algorithm, comm=comm, **options)``
-    over MPI. The strategy returned also accepts what Keras 3's model.fit hands it, so plain
-    ``model.compile`` + ``model.fit`` work (see tf_bridge/_tf_internals.py).
+    over MPI. A given ``CollectivesAllReduce`` built without ``comm`` is bound to ``comm`` here
+    (that instance is the one used: its subclass, counters and options stay); one built on a
+    communicator of another size is refused. The strategy returned also accepts what Keras 3's
+    model.fit hands it, so plain ``model.compile`` + ``model.fit`` work (see
+    tf_bridge/_tf_internals.py). Start-up waits for every rank at a barrier bounded by
+    COLLECTIVES_TIMEOUT (a rank that never calls is named), before any blocking MPI call.
     """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if comm is None else comm
-    if cross_device_ops is None:
-        cross_device_ops = CollectivesAllReduce(algorithm, comm=comm, across_processes="sum", **options)
-    elif not isinstance(cross_device_ops, CollectivesAllReduce):
+    if cross_device_ops is not None and not isinstance(cross_device_ops, CollectivesAllReduce):
         raise TypeError("multi_worker_strategy needs a tf_bridge.CollectivesAllReduce as cross_device_ops, "
                         f"got {type(cross_device_ops).__name__}")
-    elif cross_device_ops.num_processes != comm.Get_size():
-        raise ValueError(f"cross_device_ops spans {cross_device_ops.num_processes} process(es) but the MPI world "
-                         f"has {comm.Get_size()}: build it with comm=MPI.COMM_WORLD")
+    if cross_device_ops is not None and cross_device_ops.comm is not None \
+            and cross_device_ops.num_processes != comm.Get_size():
+        raise ValueError(f"cross_device_ops was built on a communicator of {cross_device_ops.num_processes} "
+                         f"process(es) but the strategy's has {comm.Get_size()}: build it without comm= (it is "
+                         f"then bound to the strategy's communicator) or with comm=MPI.COMM_WORLD")
+    collectives.barrier(comm)  # every rank is here, or a bounded CollectiveTimeout names the absent ones
+    if cross_device_ops is None:
+        cross_device_ops = CollectivesAllReduce(algorithm, comm=comm, across_processes="sum", **options)
     else:
+        if cross_device_ops.comm is None:
+            cross_device_ops.bind(comm)
         # the strategy scales by the global replica count itself: SUM must be the exact sum
         cross_device_ops.across_processes = "sum"
     if set_tf_config or "TF_CONFIG" not in os.environ:

@@ -146,6 +146,19 @@ class CollectivesAllReduce(tf.distribute.CrossDeviceOps):
         return self._num_between_graph_workers
 
     @property
+    def comm(self):
+        """The mpi4py communicator reduced across, or None (one process: local devices only)."""
+        return self._comm
+
+    def bind(self, comm):
+        """Reduce across the processes of ``comm`` (an mpi4py communicator) from now on; for an
+        instance built without ``comm`` (``multi_worker_strategy`` binds the one it is given)."""
+        if self._comm is not None and self._comm is not comm:
+            raise ValueError("this CollectivesAllReduce is already bound to a communicator")
+        self._mpi = collectives.as_comm(comm)
+        self._comm = comm
+
+    @property
     def calls(self):
         """How many reductions have run (each batch of values sharing source devices counts once)."""
         return self._py_calls + (0 if self._counter is None else int(self._counter.numpy()[0]))

@@ -125,6 +125,7 @@ class _Window:
         self.halves = 2 if nbytes <= _DOUBLE_MAX else 1
         self.shape = None  # (count, itemsize) of the last call that every rank agreed on
         total = _HEADER + self.halves * nbytes
+        comm.barrier("allocating the shared window")  # Allocate_shared blocks until every rank calls it
         self.win = MPI.Win.Allocate_shared(total, 1, comm=comm.mpi_comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.segments, self.headers = [], []
@@ -260,6 +261,7 @@ def run(comm, inbuf, outbuf, reduce_fn, final_fn):
     for h in window.headers:  # every rank checks every header before reading any peer's data
         if h[_COUNT] != count or h[_DTYPE] != dtype_code or h[_SEQ] != seq or h[_OP] != op_code:
             error = _mismatch(window.headers)
+            error.comm_usable = True  # every rank raises it at the same point: nothing is in flight
             _sync(comm, window)  # no rank leaves (and writes its next header) before all have read
             raise error
     if not early:  # the headers agree, so every rank takes this branch, and grows together

@@ -8,7 +8,7 @@ as raw bytes, never pickled.
 """
 import zlib
 
-from ..errors import MismatchError
+from ..errors import CollectiveError, MismatchError
 
 # Callbacks run with a communicator that is being released (``close()``): caches holding state
 # bound to it (the API's prepared programs and call shapes) drop it.
@@ -27,6 +27,12 @@ class Request:
 class Communicator:
     rank = 0
     size = 1
+    # Calls carry their signature (call, algorithm, op, dtype, count, root, options) in their
+    # message tags, so that ranks that disagree on any of it never match each other's messages:
+    # a waiting rank sees the foreign message and raises MismatchError, or times out. False only
+    # for a communicator wrapped under COLLECTIVES_GUARD=0 (to measure what the guard costs).
+    signed = True
+    failed = None  # (call, error) of the call that failed on this communicator
 
     # point-to-point (transports implement isend, irecv, waitall)
     def isend(self, buf, dest, tag=0):
@@ -50,9 +56,6 @@ class Communicator:
         reqs = [self.irecv(recvbuf, source, recvtag), self.isend(sendbuf, dest, sendtag)]
         self.waitall(reqs, "sendrecv")
 
-    def barrier(self):
-        raise NotImplementedError
-
     def split(self, color, key=0):
         """New communicator of the ranks that passed the same ``color``, ordered by ``key``."""
         raise NotImplementedError
@@ -61,6 +64,38 @@ class Communicator:
     def on_failure(self, exc):
         """Called when a collective fails after messages moved (timeout, bad size, peer gone).
         The threaded world needs nothing: run_threaded releases the other ranks."""
+
+    def call_tag(self, key):
+        """A tag slot for a collective whose signature is ``key`` (a string naming the call,
+        algorithm, op, dtype, count, root and options): the same on every rank that makes the
+        same call, a different one (but for a hash collision, 1 in ``_tag_modulus()``) for a
+        call that differs in any field. Successive calls with one signature share the slot and
+        are kept apart by in-order matching between a pair of ranks. Unsigned: next_tag()."""
+        if not self.signed:
+            return self.next_tag()
+        return zlib.crc32(key.encode()) % self._tag_modulus()
+
+    def foreign(self, peer, tag):
+        """The tag of a message from ``peer`` that is waiting here unmatched and belongs to
+        another call than the one whose messages use tags ``tag // 8 * 8`` to ``+ 7``; None when
+        there is none (or the transport cannot tell). A rank that waits for ``peer`` while such
+        a message is queued will never get its own: every message between a pair of ranks
+        matches in order, so ``peer`` made a different call."""
+        return None
+
+    def mark_failed(self, what, exc):
+        """Record that a call failed here: later calls raise instead of risking the failed
+        call's messages, still in flight, matching theirs."""
+        if self.failed is None and not getattr(exc, "comm_usable", False):
+            self.failed = (str(what), exc)
+
+    def check_usable(self):
+        if self.failed is not None:
+            what, exc = self.failed
+            raise CollectiveError(
+                f"this communicator cannot be used: {what} failed on it ({type(exc).__name__}: {exc}); "
+                f"messages of that call may still be in flight. Go on with a new communicator "
+                f"(for example MPI.COMM_WORLD.Dup(), passed as comm=)")
 
     def next_tag(self):
         """A tag base for the next collective: successive calls never share tags."""
@@ -71,7 +106,7 @@ class Communicator:
     def program_tag(self, key):
         """A tag base for a prepared program (``key``: a string naming its call shape): the
         same on every rank for the same key, whatever each rank's call history or cache, and
-        apart from every tag next_tag() gives."""
+        apart from every tag next_tag() and call_tag() give."""
         modulus = self._tag_modulus()
         return modulus + zlib.crc32(key.encode()) % modulus
 
@@ -87,6 +122,21 @@ class Communicator:
         reqs = [self.irecv(buf, peer, tag + chan) for peer, buf, chan in recvs]
         reqs += [self.isend(buf, peer, tag + chan) for peer, buf, chan in sends]
         self.waitall(reqs, what)
+
+    def barrier(self, what="barrier"):
+        """Dissemination barrier of empty messages: ceil(log2 n) rounds, each a bounded wait,
+        so that a timeout names the rank not heard from."""
+        if self.size == 1:
+            return
+        import numpy as np
+
+        tag = self.call_tag("barrier") * 8
+        token, sink = np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+        distance = 1
+        while distance < self.size:
+            self.exchange([((self.rank + distance) % self.size, token, 0)],
+                          [((self.rank - distance) % self.size, sink, 0)], tag, what)
+            distance *= 2
 
     # prepared steps (the small-message programs of executor.Program)
     prepares_steps = False  # True where a prepared step is cheaper to rerun than exchange()
@@ -105,3 +155,9 @@ def check_received(peer, expected, got, what):
     if got != expected:
         raise MismatchError(f"{what}: message from rank {peer} has {got} bytes, expected {expected} "
                             f"(ranks disagree on count, dtype or algorithm)")
+
+
+def foreign_message(what, peer):
+    """The text of the MismatchError for a message of another call from ``peer``."""
+    return (f"{what}: rank {peer} sent a message of another call (ranks disagree on the call, count, dtype, "
+            f"op, root, algorithm or options; COLLECTIVES_CHECK=1 names the field)")

@@ -16,8 +16,8 @@ from mpi4py import MPI
 from numpy import ndarray as _ndarray
 
 from .. import config
-from ..errors import CollectiveTimeout, MismatchError
-from .base import Communicator, check_received
+from ..errors import CollectiveError, CollectiveTimeout, MismatchError
+from .base import Communicator, check_received, foreign_message
 
 
 
@@ -71,6 +71,9 @@ def _pieces(peer, buf, chan, limit):
 _QUICK_SPINS = 4 if _OVERSUBSCRIBED else 64  # polls of a prepared step before the deadline-keeping poll loop (which yields)
 
 
+_PROBE_AFTER = 0.02  # seconds a wait runs before it probes for a foreign message, and between probes
+
+
 def _timeout(what, silent, limit):
     """The error for a wait that ran out: names the call and the ranks not heard from."""
     return CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
@@ -90,8 +93,9 @@ class MPIComm(Communicator):
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm):
             raise TypeError(f"MPIComm needs an mpi4py intracommunicator, got {type(base).__name__}")
-        self.mpi_comm = base.Dup() if _dup else base
+        self.mpi_comm = _bounded_dup(base) if _dup else base
         self.mpi_comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.signed = config.guard_enabled()
         self.rank = self.mpi_comm.Get_rank()
         self.size = self.mpi_comm.Get_size()
         self._node_colors = None
@@ -133,7 +137,13 @@ class MPIComm(Communicator):
 
     def irecv(self, buf, source, tag=0):
         req = self.mpi_comm.Irecv(_message(buf), source, tag)
-        return _Req(req, source, buf.nbytes, True)
+        return _Req(req, source, buf.nbytes, True, tag)
+
+    def foreign(self, peer, tag):
+        status = MPI.Status()
+        if self.mpi_comm.Iprobe(peer, MPI.ANY_TAG, status) and status.Get_tag() // 8 != tag // 8:
+            return status.Get_tag()
+        return None
 
     def waitall(self, requests, what="wait"):
         mpi_reqs = [r.req for r in requests]
@@ -154,10 +164,10 @@ class MPIComm(Communicator):
             if r.is_recv:
                 check_received(r.peer, r.nbytes, status.Get_count(MPI.BYTE), what)
 
-    @staticmethod
-    def _poll(requests, mpi_reqs, statuses, limit, what):
+    def _poll(self, requests, mpi_reqs, statuses, limit, what):
         start = time.monotonic()
         deadline = start + limit
+        probe_at = start + _PROBE_AFTER
         testall = MPI.Request.Testall
         spins = 0
         while not testall(mpi_reqs, statuses):
@@ -165,6 +175,11 @@ class MPIComm(Communicator):
             if spins % _POLLS_PER_CHECK:
                 continue
             now = time.monotonic()
+            if now > probe_at and self.signed:
+                probe_at = now + _PROBE_AFTER
+                for r, m in zip(requests, mpi_reqs):
+                    if m and r.is_recv and r.tag is not None and self.foreign(r.peer, r.tag) is not None:
+                        raise MismatchError(foreign_message(what, r.peer))
             if now > deadline:
                 silent = sorted({r.peer for r, m in zip(requests, mpi_reqs) if m and r.is_recv}
                                 or {r.peer for r, m in zip(requests, mpi_reqs) if m})
@@ -194,7 +209,7 @@ class MPIComm(Communicator):
                 if not limit:
                     _waitall(reqs, statuses)
                 else:
-                    self._poll_step(reqs, statuses, recvs, sends, limit, what)
+                    self._poll_step(reqs, statuses, recvs, sends, limit, what, self if self.signed else None, tag)
         except MPI.Exception as exc:
             if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
                 peers = ", ".join(str(peer) for peer, _, _ in recvs)
@@ -216,14 +231,28 @@ class MPIComm(Communicator):
         return _PreparedStep(self, sends, recvs, tag, what)
 
     @staticmethod
-    def _poll_step(reqs, statuses, recvs, sends, limit, what):
+    def _poll_step(reqs, statuses, recvs, sends, limit, what, prober=None, tag=0):
+        """Poll a step's requests to the deadline; ``prober`` (the communicator, where calls are
+        signed) looks for a foreign message from the peers not yet heard from."""
         start = time.monotonic()
+        probe_at = start + _PROBE_AFTER
         spins = 0
+        done = {}  # receives the probe saw complete: index -> their status (Testall then reports them empty)
         while not _testall(reqs, statuses):
             spins += 1
             if spins % _POLLS_PER_CHECK:
                 continue
             now = time.monotonic()
+            if prober is not None and now > probe_at:
+                probe_at = now + _PROBE_AFTER
+                for index, (peer, _, _) in enumerate(recvs):
+                    if index in done:
+                        continue
+                    status = MPI.Status()
+                    if reqs[index].Test(status):
+                        done[index] = status
+                    elif prober.foreign(peer, tag) is not None:
+                        raise MismatchError(foreign_message(what, peer))
             if now - start > limit:
                 # Test() is true for a request that is done (or, persistent, inactive)
                 still_open = [not req.Test() for req in reqs]
@@ -233,6 +262,8 @@ class MPIComm(Communicator):
                 raise _timeout(what, silent, limit)
             if now - start > _SPIN_BEFORE_YIELD:
                 os.sched_yield()
+        for index, status in done.items():
+            statuses[index] = status
 
     # device buffers (one step's buffers all live where the call's arrays live)
     def _exchange_device(self, sends, recvs, tag, what):
@@ -243,7 +274,7 @@ class MPIComm(Communicator):
             _cuda = _cuda_module
         if _cuda.cuda_aware():  # device memory straight to MPI (the executor synchronised the stream)
             comm = self.mpi_comm
-            reqs = [_Req(comm.Irecv(_message(buf), peer, tag + chan), peer, buf.nbytes, True)
+            reqs = [_Req(comm.Irecv(_message(buf), peer, tag + chan), peer, buf.nbytes, True, tag)
                     for peer, buf, chan in recvs]
             reqs += [_Req(comm.Isend(_message(buf), peer, tag + chan), peer, buf.nbytes, False)
                      for peer, buf, chan in sends]
@@ -305,31 +336,11 @@ class MPIComm(Communicator):
     def on_failure(self, exc):
         """Abort the whole job (MPI.Abort) so that no rank waits forever or reports success;
         COLLECTIVES_ON_ERROR=raise leaves the error to the caller instead."""
-        if self.size > 1 and os.environ.get("COLLECTIVES_ON_ERROR", "abort").lower() != "raise":
-            import sys
-
-            sys.stderr.write(f"collectives: rank {self.rank} of {self.size}: {type(exc).__name__}: {exc}\n"
-                             f"collectives: aborting the MPI job (COLLECTIVES_ON_ERROR=raise to handle "
-                             f"errors instead)\n")
-            sys.stderr.flush()
-            self.mpi_comm.Abort(1)
-
-    def barrier(self, what="barrier"):
-        """Dissemination barrier of empty messages: ceil(log2 n) rounds, each bounded by
-        COLLECTIVES_TIMEOUT; a timeout names the rank not heard from (MPI_Ibarrier cannot)."""
-        if self.size == 1:
-            return
-        import numpy as np
-
-        tag = self.next_tag() * 8
-        token, sink = np.zeros(0, np.uint8), np.zeros(0, np.uint8)
-        distance = 1
-        while distance < self.size:
-            self.exchange([((self.rank + distance) % self.size, token, 0)],
-                          [((self.rank - distance) % self.size, sink, 0)], tag, what)
-            distance *= 2
+        _abort_unless_raise(self.mpi_comm, exc)
 
     def split(self, color, key=0):
+        # MPI_Comm_split blocks until every rank calls it: all must be here first (bounded)
+        self.barrier("splitting the communicator")
         new = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
         if new == MPI.COMM_NULL:
             return None
@@ -340,14 +351,102 @@ class MPIComm(Communicator):
         if self._node_colors is None:
             import numpy as np
 
+            what = "grouping ranks by node"
+            self.barrier(what)  # MPI_Comm_split_type blocks until every rank calls it
             node = self.mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-            leader = np.array([self.rank], dtype=np.int64)
-            node.Allreduce(MPI.IN_PLACE, leader, op=MPI.MIN)
+            # the node's lowest rank, from its group alone (no communication)
+            members = MPI.Group.Translate_ranks(node.Get_group(), list(range(node.Get_size())),
+                                                self.mpi_comm.Get_group())
             node.Free()
-            colors = np.empty(self.size, dtype=np.int64)
-            self.mpi_comm.Allgather(leader, colors)
+            # every rank's leader: a ring all-gather of bounded steps
+            colors = np.zeros(self.size, dtype=np.int64)
+            colors[self.rank] = min(members)
+            tag = self.call_tag(what) * 8
+            right, left = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+            for step in range(self.size - 1):
+                send, recv = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
+                self.exchange([(right, colors[send:send + 1], 0)], [(left, colors[recv:recv + 1], 0)], tag, what)
             self._node_colors = tuple(int(c) for c in colors)
         return self._node_colors
+
+
+def _abort_unless_raise(mpi_comm, exc):
+    size = mpi_comm.Get_size()
+    if size > 1 and config.on_error() != "raise":
+        import sys
+
+        sys.stderr.write(f"collectives: rank {mpi_comm.Get_rank()} of {size}: {type(exc).__name__}: {exc}\n"
+                         f"collectives: aborting the MPI job (COLLECTIVES_ON_ERROR=raise to handle "
+                         f"errors instead)\n")
+        sys.stderr.flush()
+        mpi_comm.Abort(1)
+
+
+# A creation that timed out leaves its MPI_Comm_idup pending (MPI cannot cancel it); kept here.
+_abandoned = []
+_DIAGNOSIS_GRACE = 1.0  # seconds a timed-out creation listens for the other ranks' answers
+
+
+def _bounded_dup(base, what="creating the communicator"):
+    """``base.Dup()`` bounded by COLLECTIVES_TIMEOUT: MPI_Comm_idup, polled to the deadline.
+
+    When it runs out, the ranks present name the absent ones: each timed-out rank sends an
+    empty message tagged MPI_TAG_UB to every other rank and listens for a short grace period;
+    a rank still waiting in its own creation answers such a message at once. The ranks not
+    heard from are the ones named. (These messages travel on ``base`` itself, the user's
+    communicator, and only after a timeout: a fault path.)"""
+    limit = config.timeout()
+    size, rank = base.Get_size(), base.Get_rank()
+    if not limit or size == 1:
+        return base.Dup()
+    new, request = base.Idup()
+    if request.Test():
+        return new
+    import numpy as np
+
+    tag = base.Get_attr(MPI.TAG_UB) or 32767
+    token = np.zeros(0, np.uint8)
+    heard, told, sends = set(), set(), []
+    status = MPI.Status()
+
+    def listen():
+        while base.Iprobe(MPI.ANY_SOURCE, tag, status):
+            source = status.Get_source()
+            base.Recv([token, _BYTE], source, tag)
+            heard.add(source)
+            if source not in told:  # a rank that timed out asks who is here: answer
+                told.add(source)
+                sends.append(base.Isend([token, _BYTE], source, tag))
+
+    start = time.monotonic()
+    polls = 0
+    while True:
+        if request.Test():
+            return new
+        polls += 1
+        if polls % _POLLS_PER_CHECK == 0:
+            now = time.monotonic()
+            listen()
+            if now - start > limit:
+                break
+            if now - start > 0.002:
+                time.sleep(0.0002)
+    for peer in range(size):
+        if peer != rank and peer not in told:
+            told.add(peer)
+            sends.append(base.Isend([token, _BYTE], peer, tag))
+    grace_end = time.monotonic() + min(_DIAGNOSIS_GRACE, limit)
+    while time.monotonic() < grace_end and len(heard) < size - 1:
+        listen()
+        if request.Test():
+            return new
+        time.sleep(0.001)
+    _abandoned.append((new, request, sends))
+    silent = sorted(set(range(size)) - heard - {rank})
+    if not silent:
+        raise CollectiveTimeout(f"{what}: every rank answered, yet MPI_Comm_idup did not complete after "
+                                f"{limit:g} s")
+    raise _timeout(what, silent, limit)
 
 
 class _PreparedStep:
@@ -356,10 +455,11 @@ class _PreparedStep:
     and a poll, with no message specs parsed per call."""
 
     __slots__ = ("mpi_comm", "tag", "requests", "statuses", "recvs", "sends", "what", "sizes", "pair",
-                 "__weakref__")
+                 "prober", "__weakref__")
 
     def __init__(self, comm, sends, recvs, tag, what):
         self.mpi_comm, self.tag = comm.mpi_comm, tag
+        self.prober = comm if comm.signed else None
         # the messages as they travel (a message just past the eager limit as two pieces)
         limit = config.eager_limit(_DEFAULT_EAGER_LIMIT)
         self.recvs = [piece for message in recvs for piece in _pieces(*message, limit)]
@@ -389,7 +489,8 @@ class _PreparedStep:
                 if not limit:
                     _waitall(reqs, statuses)
                 else:
-                    MPIComm._poll_step(reqs, statuses, self.recvs, self.sends, limit, self.what)
+                    MPIComm._poll_step(reqs, statuses, self.recvs, self.sends, limit, self.what, self.prober,
+                                       self.tag)
         except BaseException as exc:
             self._renew()  # requests left active by a failed run are never started again
             if isinstance(exc, MPI.Exception):
@@ -448,10 +549,10 @@ def _free_steps():  # registered after mpi4py's own finalizer, so it runs first
 
 
 class _Req:
-    __slots__ = ("req", "peer", "nbytes", "is_recv")
+    __slots__ = ("req", "peer", "nbytes", "is_recv", "tag")
 
-    def __init__(self, req, peer, nbytes, is_recv):
-        self.req, self.peer, self.nbytes, self.is_recv = req, peer, nbytes, is_recv
+    def __init__(self, req, peer, nbytes, is_recv, tag=None):
+        self.req, self.peer, self.nbytes, self.is_recv, self.tag = req, peer, nbytes, is_recv, tag
 
 
 _keyval = None
@@ -475,6 +576,23 @@ def wrap(comm):
         _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
     wrapper = base.Get_attr(_keyval)
     if wrapper is None:
-        wrapper = MPIComm(base)
+        try:
+            wrapper = MPIComm(base)
+        except CollectiveError as exc:
+            base.Set_attr(_keyval, _FailedCreation("creating the communicator", exc))
+            _abort_unless_raise(base, exc)
+            raise
         base.Set_attr(_keyval, wrapper)
+    elif isinstance(wrapper, _FailedCreation):
+        wrapper.check_usable()
     return wrapper
+
+
+class _FailedCreation(Communicator):
+    """What wrap() keeps for a communicator whose creation failed: every later use raises."""
+
+    def __init__(self, what, exc):
+        self.failed = (what, exc)
+
+    def close(self):
+        pass

@@ -19,8 +19,10 @@ from collections import deque
 from numpy import ndarray as _ndarray
 
 from .. import config
-from ..errors import CollectiveTimeout, PeerAborted
-from .base import Communicator, Request, check_received
+from ..errors import CollectiveTimeout, MismatchError, PeerAborted
+from .base import Communicator, Request, check_received, foreign_message
+
+_PROBE_AFTER = 0.02  # seconds a wait runs before it looks for a foreign message, and between looks
 
 
 def _synchronize(array):
@@ -141,7 +143,15 @@ class ThreadComm(Communicator):
             finally:
                 shared.waiting.pop(me, None)
 
+    def foreign(self, peer, tag):
+        world = self._world
+        for (source, dest, other), queue in list(world.queues.items()):
+            if source == peer and dest == self.rank and queue and other // 8 != tag // 8:
+                return other
+        return None
+
     def _wait(self, pending, world, shared, me, deadline, limit, what):
+        probe_at = time.monotonic() + _PROBE_AFTER
         while pending:
             if shared.failed is not None:
                 raise PeerAborted(f"{what}: rank {world.world_ranks[self.rank]} released because "
@@ -159,15 +169,24 @@ class ThreadComm(Communicator):
                 pending = [r for r in pending if not r.done]
                 continue
             shared.waiting[me] = {world.world_ranks[r.peer] for r in pending}
+            now = time.monotonic()
+            if now > probe_at:
+                probe_at = now + _PROBE_AFTER
+                for req in pending:
+                    other = self.foreign(req.peer, req.key[2])
+                    if other is not None:
+                        exc = MismatchError(foreign_message(what, req.peer))
+                        shared.fail_locked(me, exc)
+                        raise exc
             if deadline is None:
-                shared.cond.wait()
+                shared.cond.wait(_PROBE_AFTER)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 exc = CollectiveTimeout(self._timeout_message(pending, world, shared, me, limit, what))
                 shared.fail_locked(me, exc)  # before the lock is let go: no other rank blames this one
                 raise exc
-            shared.cond.wait(remaining)
+            shared.cond.wait(min(remaining, _PROBE_AFTER))
 
     @staticmethod
     def _timeout_message(pending, world, shared, me, limit, what):
@@ -181,18 +200,6 @@ class ThreadComm(Communicator):
             text += (f"; {'they wait' if len(silent) > 1 else 'it waits'} in turn on silent {prefix}"
                      f"rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))}")
         return text
-
-    def barrier(self):
-        # dissemination barrier: ceil(log2 n) rounds of empty messages
-        import numpy as np
-
-        tag = self.next_tag() * 8
-        token, sink = np.zeros(0, np.uint8), np.zeros(0, np.uint8)
-        distance = 1
-        while distance < self.size:
-            self.sendrecv(token, (self.rank + distance) % self.size, sink,
-                          (self.rank - distance) % self.size, tag)
-            distance *= 2
 
     def split(self, color, key=0):
         world = self._world

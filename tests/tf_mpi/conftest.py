@@ -20,7 +20,27 @@ tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU"
 
 import tf_bridge  # noqa: E402
 
-STRATEGY = tf_bridge.multi_worker_strategy(algorithm="ring") if MPI.COMM_WORLD.Get_size() > 1 else None
+
+
+class CountingAllReduce(tf_bridge.CollectivesAllReduce):
+    """What a user writes to count the strategy's reductions: a subclass built without comm=."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches = 0
+
+    def reduce_implementation(self, *args, **kwargs):
+        self.batches += 1
+        return super().reduce_implementation(*args, **kwargs)
+
+    def batch_reduce_implementation(self, *args, **kwargs):
+        self.batches += 1
+        return super().batch_reduce_implementation(*args, **kwargs)
+
+
+# the given instance, built without comm=, is bound to the MPI world and used as is
+OPS = CountingAllReduce("ring")
+STRATEGY = tf_bridge.multi_worker_strategy(cross_device_ops=OPS) if MPI.COMM_WORLD.Get_size() > 1 else None
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +53,11 @@ def comm():
 @pytest.fixture(scope="session")
 def strategy(comm):
     return STRATEGY
+
+
+@pytest.fixture(scope="session")
+def given_ops(comm):
+    return OPS
 
 
 @pytest.fixture(scope="session")

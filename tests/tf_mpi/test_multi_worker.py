@@ -40,6 +40,29 @@ def test_strategy_has_one_worker_per_rank_and_our_op(comm, strategy):
     assert ops._num_between_graph_workers == comm.Get_size()
 
 
+def test_given_op_built_without_comm_is_bound_to_the_world_and_used(comm, strategy, given_ops):
+    OPS = given_ops
+    assert strategy.extended._cross_device_ops is OPS
+    assert OPS.comm is comm and OPS.num_processes == comm.Get_size()
+    before = OPS.batches
+    value = strategy.experimental_distribute_values_from_function(lambda ctx: tf.constant([2.0]))
+    got = strategy.reduce(SUM, value, axis=None).numpy()
+    assert got[0] == 2.0 * comm.Get_size()
+    assert OPS.batches > before, "the strategy did not reduce through the given instance"
+
+
+def test_op_on_a_communicator_of_another_size_is_refused(comm):
+    if comm.Get_size() < 2:
+        pytest.skip("needs 2 ranks")
+    alone = comm.Split(comm.Get_rank(), 0)  # one rank each
+    try:
+        ops = tf_bridge.CollectivesAllReduce("ring", comm=alone)
+        with pytest.raises(ValueError, match=r"built on a communicator of 1 process\(es\) but the strategy's has"):
+            tf_bridge.multi_worker_strategy(cross_device_ops=ops)
+    finally:
+        alone.Free()
+
+
 @pytest.mark.parametrize("op", [SUM, MEAN], ids=["sum", "mean"])
 def test_strategy_reduce_is_exact_across_processes(comm, strategy, op):
     rank, size = comm.Get_rank(), comm.Get_size()
