@@ -56,7 +56,10 @@ def parse_args(argv):
                         "(calls without their signature in the tags), to measure what the mismatch guard costs")
     p.add_argument("--json", help="write every measurement to this file")
     p.add_argument("--plot", help="draw busbw against size to this PNG")
+    from collectives.plugins import add_load_option, load_files
+    add_load_option(p)
     args = p.parse_args(argv)
+    load_files(args.load)  # --load FILE.py: algorithms registered before -a is read
     if args.op not in collectives.OPS:
         p.error(f"unknown op {args.op!r}; valid: {', '.join(collectives.OPS)}")
     names = [str(d) for d in DTYPES]

@@ -5,7 +5,7 @@ A phase works on ``ranks``, the participating world ranks in the phase's order
 bounds given in elements. ``src`` names where this rank's contribution lives
 before the phase (IN, or OUT once an earlier phase wrote it); results land in OUT.
 """
-from .plan import IN, OUT, TMP, max_width
+from .plan import FINAL, IN, OUT, REDUCE, TMP, max_width
 
 
 def _index(b, ranks):
@@ -14,6 +14,10 @@ def _index(b, ranks):
 
 
 # ring ------------------------------------------------------------------------------------
+def _as_list(bounds):
+    return bounds.tolist() if hasattr(bounds, "tolist") else list(bounds)
+
+
 def ring_reduce_scatter(b, ranks, bounds, src=IN, final=True, chan=0):
     """m-1 steps; participant i ends with chunk i of ``bounds`` complete in OUT."""
     m = len(ranks)
@@ -25,16 +29,29 @@ def ring_reduce_scatter(b, ranks, bounds, src=IN, final=True, chan=0):
         return
     left, right = ranks[(i - 1) % m], ranks[(i + 1) % m]
     tmp = b.scratch(max_width(bounds))
+    bl = _as_list(bounds)
+    if min(bl[k + 1] - bl[k] for k in range(m)) > 0:  # no empty chunk: whole steps at once
+        add = b.add_step
+        for step in range(m - 1):
+            s_lo, s_hi = bl[(i - step - 1) % m], bl[(i - step - 1) % m + 1]
+            lo, hi = bl[(i - step - 2) % m], bl[(i - step - 2) % m + 1]
+            local = ((REDUCE, OUT, lo, TMP, tmp, src, lo, hi - lo),)
+            if final and step == m - 2:
+                local += ((FINAL, OUT, bl[i], bl[i + 1] - bl[i]),)
+            add(((right, src if step == 0 else OUT, s_lo, s_hi, chan),), ((left, TMP, tmp, tmp + hi - lo, chan),),
+                local)
+        b.release(tmp)
+        return
     for step in range(m - 1):
         send_chunk = (i - step - 1) % m
         recv_chunk = (i - step - 2) % m
         b.step()
-        b.send(right, src if step == 0 else OUT, bounds[send_chunk], bounds[send_chunk + 1], chan)
-        lo, hi = bounds[recv_chunk], bounds[recv_chunk + 1]
+        b.send(right, src if step == 0 else OUT, bl[send_chunk], bl[send_chunk + 1], chan)
+        lo, hi = bl[recv_chunk], bl[recv_chunk + 1]
         b.recv(left, TMP, tmp, tmp + hi - lo, chan)
         b.reduce(OUT, lo, TMP, tmp, src, lo, hi - lo)
     if final:
-        b.final(OUT, bounds[i], bounds[i + 1] - bounds[i])
+        b.final(OUT, bl[i], bl[i + 1] - bl[i])
     b.release(tmp)
 
 
@@ -43,12 +60,19 @@ def ring_allgather(b, ranks, bounds, chan=0):
     m = len(ranks)
     i = _index(b, ranks)
     left, right = ranks[(i - 1) % m], ranks[(i + 1) % m]
+    bl = _as_list(bounds)
+    if m > 1 and min(bl[k + 1] - bl[k] for k in range(m)) > 0:
+        add = b.add_step
+        for step in range(m - 1):
+            s, r = (i - step) % m, (i - step - 1) % m
+            add(((right, OUT, bl[s], bl[s + 1], chan),), ((left, OUT, bl[r], bl[r + 1], chan),))
+        return
     for step in range(m - 1):
         send_chunk = (i - step) % m
         recv_chunk = (i - step - 1) % m
         b.step()
-        b.send(right, OUT, bounds[send_chunk], bounds[send_chunk + 1], chan)
-        b.recv(left, OUT, bounds[recv_chunk], bounds[recv_chunk + 1], chan)
+        b.send(right, OUT, bl[send_chunk], bl[send_chunk + 1], chan)
+        b.recv(left, OUT, bl[recv_chunk], bl[recv_chunk + 1], chan)
 
 
 # recursive halving / doubling -------------------------------------------------------------
@@ -240,24 +264,25 @@ def tree_reduce(b, parent, children, segs, depth, max_depth, src=IN, final=True,
         return
     width = max(hi - lo for lo, hi in segs)
     tmp = [b.scratch(width) for _ in children]
+    add = b.add_step
+    up = OUT if children else src
+    root_final = parent is None and final
     for t in range(nseg + max_depth + 1):
-        b.step()
+        recvs = local = sends = ()
         k = t - (max_depth - depth - 1)  # the segment arriving from the children
         if 0 <= k < nseg:
             lo, hi = segs[k]
+            n = hi - lo
             if children:
-                for child, slot in zip(children, tmp):
-                    b.recv(child, TMP, slot, slot + hi - lo, chan)
-                have = src
-                for slot in tmp:
-                    b.reduce(OUT, lo, have, lo, TMP, slot, hi - lo)
-                    have = OUT
-            if parent is None and final:
-                b.final(OUT, lo, hi - lo)
+                recvs = tuple((child, TMP, slot, slot + n, chan) for child, slot in zip(children, tmp))
+                local = ((REDUCE, OUT, lo, src, lo, TMP, tmp[0], n),) + tuple(
+                    (REDUCE, OUT, lo, OUT, lo, TMP, slot, n) for slot in tmp[1:])
+            if root_final:
+                local += ((FINAL, OUT, lo, n),)
         k = t - (max_depth - depth)  # the segment going up
         if parent is not None and 0 <= k < nseg:
-            lo, hi = segs[k]
-            b.send(parent, OUT if children else src, lo, hi, chan)
+            sends = ((parent, up, segs[k][0], segs[k][1], chan),)
+        add(sends, recvs, local)
     if tmp:
         b.release(tmp[0])
 
@@ -266,15 +291,17 @@ def tree_broadcast(b, parent, children, segs, depth, max_depth, chan=0):
     """Pipelined broadcast down a tree from OUT at the root, in global steps: a rank at
     ``depth`` receives segment k in step k + depth - 1 and forwards it in step k + depth."""
     nseg = len(segs)
+    add = b.add_step
     for t in range(nseg + max_depth + 1):
-        b.step()
+        recvs = sends = ()
         k = t - depth + 1
         if parent is not None and 0 <= k < nseg:
-            b.recv(parent, OUT, segs[k][0], segs[k][1], chan)
+            recvs = ((parent, OUT, segs[k][0], segs[k][1], chan),)
         k = t - depth
-        if 0 <= k < nseg:
-            for child in children:
-                b.send(child, OUT, segs[k][0], segs[k][1], chan)
+        if children and 0 <= k < nseg:
+            lo, hi = segs[k]
+            sends = tuple((child, OUT, lo, hi, chan) for child in children)
+        add(sends, recvs)
 
 
 def binomial_children(j, m):

@@ -32,6 +32,7 @@ of ``OUT`` was written (so a plan also runs in place, with ``IN is OUT``); every
 element of ``OUT`` ends complete with exactly one FINAL applied.
 """
 from collections import namedtuple
+from itertools import zip_longest
 
 IN, OUT, TMP = 0, 1, 2
 BUFFER_NAMES = ("in", "out", "tmp")
@@ -96,7 +97,11 @@ class block_bounds:
         return i * self.q + min(i, self.r)
 
     def __iter__(self):
-        return (self[i] for i in range(self.parts + 1))
+        return iter(self.tolist())
+
+    def tolist(self):
+        q, r = self.q, self.r
+        return [i * q + (i if i < r else r) for i in range(self.parts + 1)]
 
     def __eq__(self, other):
         return list(self) == list(other)
@@ -154,16 +159,18 @@ class PlanBuilder:
         lists = [t.build().steps for t in tracks]
         self._tmp_top = getattr(self, "_track_mark", self._tmp_top)  # the tracks' scratch is free again
         append = self._steps.append
-        for k in range(max((len(s) for s in lists), default=0)):
-            parts = [s[k] for s in lists if k < len(s) and s[k] is not _EMPTY]
-            if not parts:
-                append(_EMPTY)
-            elif len(parts) == 1:
-                append(parts[0])
+        empty = _EMPTY
+        for parts in zip_longest(*lists, fillvalue=empty):
+            live = [s for s in parts if s is not empty]
+            if not live:
+                append(empty)
+            elif len(live) == 1:
+                append(live[0])
             else:
-                append(Step(tuple(m for p in parts for m in p.sends),
-                            tuple(m for p in parts for m in p.recvs),
-                            tuple(o for p in parts for o in p.local)))
+                sends, recvs, local = live[0]
+                for more in live[1:]:
+                    sends, recvs, local = sends + more[0], recvs + more[1], local + more[2]
+                append(_new_step(Step, (sends, recvs, local)))
 
     # steps
     def step(self):
@@ -185,6 +192,14 @@ class PlanBuilder:
                                                     () if local is None else tuple(local))))
                 self._sends = self._recvs = self._local = None
             self._is_open = False
+
+    def add_step(self, sends=(), recvs=(), local=()):
+        """Close the open step and append a whole one: tuples of messages and operations as in
+        ``Step``, taken as given (nothing empty is dropped). The fast way for phases that make
+        many steps; ``step()`` and the calls below are the convenient one."""
+        if self._is_open:
+            self._close()
+        self._steps.append(_new_step(Step, (sends, recvs, local)) if sends or recvs or local else _EMPTY)
 
     def send(self, peer, buf, lo, hi, chan=0):
         if hi > lo:

@@ -38,6 +38,7 @@ import numpy as np
 
 from .flat import _Flat, _registry, build_plans  # noqa: F401  (build_plans: public here too)
 from .plan import PlanError
+from .plugins import add_load_option, load_files
 from .symbolic import EXACT_LIMIT, VERIFY_ELEMENTS, verify_count, verify_plans  # noqa: F401
 
 verify = verify_plans  # simulate.verify(plans, in_place=...): the symbolic check of given plans
@@ -371,11 +372,13 @@ def _parse(argv):
                    help="time simulate() for every algorithm at 1024 ranks and the logarithmic ones at 65536")
     p.add_argument("--scale-bytes", default="1M", help="message size for --scale-check (default 1M)")
     p.add_argument("--json")
+    add_load_option(p)
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = _parse(sys.argv[1:] if argv is None else argv)
+    load_files(args.load)  # --load FILE.py: algorithms registered before -a is read
     if args.calibrate:
         from .calibrate import main as calibrate_main
         return calibrate_main(args)

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import tuning
 from .algorithms import names as _algorithm_names
+from .plugins import add_load_option, load_files
 
 FORMAT = "collectives-tuning-1"
 
@@ -50,7 +51,9 @@ def parse_args(argv):
     p.add_argument("--round-ms", type=float, default=20.0, help="target length of one timed round")
     p.add_argument("-o", "--output", help="tuning file to write (default: COLLECTIVES_TUNING or the cache)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    add_load_option(p)
     args = p.parse_args(argv)
+    load_files(args.load)  # --load FILE.py: algorithms registered before -a is read
     if args.stepfactor <= 1:
         p.error("-f must be > 1")
     if args.minbytes < 1 or args.maxbytes < args.minbytes:
