@@ -277,7 +277,7 @@ class PlanError(ValueError):
     def describe(self):
         head = [str(self.algorithm)] if self.algorithm is not None else []
         if self.ranks is not None:
-            head.append(f"{self.ranks} ranks")
+            head.append(f"{self.ranks} rank{'' if self.ranks == 1 else 's'}")
         if self.count is not None:
             head.append(f"count {self.count}")
         if self.mode:

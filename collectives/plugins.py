@@ -39,6 +39,7 @@ RESERVED = ("auto", "native", "all")
 REGISTER_RANKS = range(1, 10)
 REGISTER_COUNTS = (0, 1, 2, 7, 100)
 _loaded_files = {}  # real path -> names it registered
+_runs = [0]
 
 
 def _module_for(algorithm):
@@ -107,13 +108,16 @@ def verify(algorithm, ranks=range(1, 17), counts=(0, 1, 2, 7, 1000), itemsize=4,
                                     f"{plan.count}", name, p, count, rank=rank)
             try:
                 flat = _Flat(plans, ops=True)
-            except PlanError:
+                for in_place in (False, True):
+                    verify_plans(None, in_place=in_place, flat=flat)
+            except PlanError as exc:
+                if exc.algorithm != name:  # the name it is registered by, not the one its plans carry
+                    exc.algorithm = name
+                    exc.args = (exc.describe(),)
                 raise
             except (TypeError, ValueError, IndexError) as exc:
                 raise PlanError(f"malformed plan (messages are (peer, buf, lo, hi, chan) of integers; use "
                                 f"PlanBuilder): {exc}", name, p, count) from exc
-            for in_place in (False, True):
-                verify_plans(None, in_place=in_place, flat=flat)
             checked += 1
     return checked
 
@@ -149,15 +153,16 @@ def _forget_choices():
 # loading -------------------------------------------------------------------------------
 def load_file(path):
     """Run a Python file that registers algorithms; returns the names it registered. A file
-    already loaded (by real path) is not run again."""
+    already loaded (by real path) is not run again while its algorithms stay registered."""
     real = os.path.realpath(path)
-    if real in _loaded_files:
-        return _loaded_files[real]
+    if real in _loaded_files and all(n in _registry.names() for n in _loaded_files[real]):
+        return _loaded_files[real]  # loaded, and nothing it registered was removed since
     if not os.path.isfile(real):
         raise FileNotFoundError(f"algorithm file {path!r} not found")
     before = set(_registry.names())
     stem = "".join(c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(real))[0])
-    module_name = f"collectives_plugin_{stem}_{len(_loaded_files)}"
+    _runs[0] += 1
+    module_name = f"collectives_plugin_{stem}_{_runs[0]}"
     spec = importlib.util.spec_from_file_location(module_name, real)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
