@@ -100,10 +100,10 @@ class _Verifier(StaticChecks):
     def who(self, value):
         """Ranks missing from (or counted twice in) an exact bitset, as text."""
         if not isinstance(self.eng, _Exact):
-            return ""
+            return "some rank"
         bits = [64 * w + b for w in range(value.shape[-1]) for b in range(64) if int(value[w]) >> b & 1]
         shown = ", ".join(map(str, bits[:6])) + (" ..." if len(bits) > 6 else "")
-        return f" (rank{'s' if len(bits) > 1 else ''} {shown})"
+        return f"rank{'s' if len(bits) > 1 else ''} {shown}"
 
     # the run ------------------------------------------------------------------------------
     def run(self):
@@ -340,7 +340,8 @@ class _Verifier(StaticChecks):
             if twice is not None and twice.any():
                 k = int(np.flatnonzero(twice)[0])
                 self.fail_at(twice, ids, n, f.l_dst[ids], f.l_dlo[ids],
-                             f"the element is reduced twice: REDUCE {eng.twice}{self.who(a[k] & b[k])}")
+                             f"the element is reduced twice: this REDUCE counts the contribution of "
+                             f"{self.who(a[k] & b[k])} twice")
             eng.put(values, dst, out)
             np.put(final, dst, False)
         elif kind == COPY:
@@ -378,6 +379,6 @@ class _Verifier(StaticChecks):
                 rank = int(np.searchsorted(ends, k, side="right"))
                 element = k - int(ends[rank] - out_size[rank])
                 if mask is complete and isinstance(eng, _Exact):
-                    text = (f"the element is never fully reduced: it misses the contribution of"
+                    text = (f"the element is never fully reduced: it misses the contribution of "
                             f"{self.who(~values[k] & eng.full)}")
                 raise self.error(text, rank=rank, buffer=OUT, element=element)
