@@ -4,7 +4,7 @@ Each block has more than one algorithm; like the all-reduce algorithms they are
 plans built from the shared phases, so they run on every communicator and in
 the simulator. Blocks follow ``numpy.array_split`` bounds of the flattened array.
 """
-from .plan import IN, OUT, PlanBuilder, block_bounds
+from .plan import IN, OUT, TMP, PlanBuilder, block_bounds
 from . import phases as _phases
 
 
@@ -39,18 +39,19 @@ def allgather_recursive_doubling(rank, size, bounds, itemsize=1):
 
 
 def broadcast_binomial(rank, size, count, root=0, itemsize=1):
-    """Binomial tree from the root, then an empty acknowledgement from the root's first child
-    (rank root + 1), so that the root too waits for a message: ranks that disagree on the
-    root (each its own root) then meet each other's foreign messages instead of all returning."""
+    """Binomial tree from the root, then a one-element acknowledgement from the root's first
+    child (rank root + 1) into the root's scratch, so that the root too waits for a message:
+    ranks that disagree on the root (each its own root) then meet each other's foreign
+    messages instead of all returning."""
     b = PlanBuilder("broadcast(binomial)", rank, size, count)
     _phases.binomial_broadcast(b, range(size), root, 0, count)
-    if size > 1:
+    if size > 1 and count:
         child = (root + 1) % size
         b.step()
         if rank == child:
-            b.send(root, OUT, 0, 0)
+            b.send(root, OUT, 0, 1)
         elif rank == root:
-            b.recv(child, OUT, 0, 0)
+            b.recv(child, TMP, b.scratch(1), 1)
     return b.build()
 
 
@@ -70,8 +71,23 @@ def broadcast_scatter_allgather(rank, size, count, root=0, itemsize=1):
 
 
 def reduce_binomial(rank, size, count, root=0, itemsize=1):
+    """Binomial tree to the root, then a one-element token back down the tree (into scratch):
+    the leaves, which only send, also wait for a message, so that ranks that disagree on the
+    call all end in an error or a timeout instead of returning."""
     b = PlanBuilder("reduce(binomial)", rank, size, count)
     _phases.binomial_reduce(b, range(size), root, 0, count)
+    if size > 1 and count:
+        parent, children = _phases.binomial_children((rank - root) % size, size)
+        token = b.scratch(1)
+        if parent is not None:
+            b.step()
+            b.recv((parent + root) % size, TMP, token, token + 1)
+        for child in children:
+            b.step()
+            if rank == root:
+                b.send((child + root) % size, OUT, 0, 1)
+            else:
+                b.send((child + root) % size, TMP, token, token + 1)
     return b.build()
 
 

@@ -5,8 +5,10 @@ with COLLECTIVES_TIMEOUT=2 under a hard timeout, and checks that the job ended w
 within it, exited nonzero, printed the documented error text and that no rank printed
 its success marker. A single-process test: it runs in the normal pytest layer.
 """
+import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ import time
 import pytest
 
 import collectives
+from collectives import cleanup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIO = os.path.join(ROOT, "tests", "faults", "scenario.py")
@@ -31,8 +34,22 @@ ABORT = "collectives: aborting the MPI job"
 KILLED = re.compile(r"signal 9|Killed|KILLED BY SIGNAL")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_behind():
+    """The jobs here abort or are killed, which leaves MPI's segments in /dev/shm and Hydra's
+    topology file in /tmp; launch() removes what each job left. Counted over the module:
+    nothing stale is left that was not there before."""
+    before = set(cleanup.stale())
+    shm_before = len(os.listdir(cleanup.SHM_DIR)) if os.path.isdir(cleanup.SHM_DIR) else 0
+    yield
+    left = sorted(set(cleanup.stale()) - before)
+    shm_after = len(os.listdir(cleanup.SHM_DIR)) if os.path.isdir(cleanup.SHM_DIR) else 0
+    assert not left, f"the fault jobs left {left} (/dev/shm entries: {shm_before} before, {shm_after} after)"
+
+
 def launch(case, n, *, env=None, mpi4py_runner=False, algorithm="ring"):
-    """(exit code, combined output, seconds) of one scenario job."""
+    """(exit code, combined output, seconds) of one scenario job; what the job left behind
+    (an aborted job's shared-memory segments) is removed once it has ended."""
     cmd = [MPIEXEC, "-n", str(n), sys.executable]
     if mpi4py_runner:
         cmd += ["-m", "mpi4py"]
@@ -41,14 +58,37 @@ def launch(case, n, *, env=None, mpi4py_runner=False, algorithm="ring"):
     for key in ("COLLECTIVES_CHECK", "COLLECTIVES_ON_ERROR", "COLLECTIVES_ALGO"):
         full_env.pop(key, None)
     full_env.update(env or {})
+    before = set(cleanup.candidates())
     start = time.monotonic()
+    # its own process group, so that the launcher, its proxies and every rank can be ended together
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=HARD_TIMEOUT)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        out, _ = proc.communicate(timeout=HARD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        end_group(proc.pid)
+        out, _ = proc.communicate()
         pytest.fail(f"{case} on {n} ranks hung: killed after {HARD_TIMEOUT} s\n{out}")
-    return proc.returncode, proc.stdout, time.monotonic() - start
+    finally:
+        end_group(proc.pid)
+        cleanup.remove_stale(set(cleanup.candidates()) - before)
+    return proc.returncode, out, time.monotonic() - start
+
+
+def end_group(pgid, grace=5.0):
+    """Wait (up to ``grace`` s) for the job's processes to exit, then kill what is left."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    time.sleep(0.2)
 
 
 def assert_failed_loudly(code, out, seconds, *patterns):
@@ -72,7 +112,7 @@ def test_control_case_succeeds_on_every_rank():
 def _mismatch_pattern(algorithm, field="count"):
     if algorithm == "shm":
         return rf"MismatchError: allreduce\(shm\): ranks disagree on {field} \(ranks 1 differ from rank 0\)"
-    return rf"MismatchError: allreduce\({algorithm}\) step \d+/\d+: (a )?message from rank"
+    return rf"MismatchError: allreduce\({algorithm}\) step \d+/\d+: ((a )?message from rank|rank \d sent a message of another call)"
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -113,7 +153,7 @@ def test_shm_mismatch_raises_the_same_error_on_every_rank_without_check(case, n,
 
 def test_mismatched_dtype_without_check_aborts():
     code, out, seconds = launch("dtype", 2)
-    assert_failed_loudly(code, out, seconds, ABORT, r"MismatchError: allreduce\(ring\) step 1/2: .*message from")
+    assert_failed_loudly(code, out, seconds, ABORT, r"MismatchError: allreduce\(ring\) step 1/2: .*message")
 
 
 def test_mismatch_with_raise_ends_with_an_error_on_every_rank():
@@ -178,3 +218,73 @@ def test_rank_that_never_calls_shm_times_out_in_the_barrier_naming_it():
     # the shared-memory path synchronises through barriers: their timeout names the rank too
     code, out, seconds = launch("never_calls", 3, algorithm="shm")
     assert_failed_loudly(code, out, seconds, ABORT, r"CollectiveTimeout: .*no message from rank 1 after 2 s")
+
+
+# --- the first call, with a rank that makes no call at all: creating the library's communicator
+# (MPI_Comm_idup, polled to the deadline) times out and names the absent rank
+
+CALLS = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "barrier"]
+ABSENT = r"CollectiveTimeout: creating the communicator: no message from rank 1 after 2 s"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("call", CALLS)
+def test_absent_rank_first_call_times_out_naming_it(call, n):
+    code, out, seconds = launch("absent", n, env={"SCENARIO_CALL": call})
+    assert_failed_loudly(code, out, seconds, ABORT, ABSENT)
+    assert seconds >= float(TIMEOUT), "ended before the timeout could have expired"
+
+
+@pytest.mark.parametrize("check", ["0", "1"])
+def test_absent_rank_with_raise_every_present_rank_names_it(check):
+    code, out, seconds = launch("absent", 3, env={"COLLECTIVES_ON_ERROR": "raise", "COLLECTIVES_CHECK": check})
+    assert_failed_loudly(code, out, seconds)
+    for rank in (0, 2):
+        assert f"SCENARIO-ERROR rank {rank}: {ABSENT}" in out, out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow not installed (.[tf])")
+@pytest.mark.parametrize("n", [2, 3])
+def test_absent_rank_at_multi_worker_strategy_start_up_is_named(n):
+    code, out, seconds = launch("absent", n, env={"SCENARIO_CALL": "multi_worker_strategy",
+                                                  "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert_failed_loudly(code, out, seconds, ABORT, ABSENT)
+
+
+# --- mismatches that keep message sizes equal, without COLLECTIVES_CHECK: calls carry their
+# signature in their tags, so the ranks never match each other's messages; a waiting rank finds
+# the foreign message and raises MismatchError (or times out): never a result
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("case", ["dtype_same", "op"])
+@pytest.mark.parametrize("algorithm", collectives.algorithms())
+def test_same_size_mismatch_without_check_aborts(algorithm, case, n):
+    code, out, seconds = launch(case, n, algorithm=algorithm)
+    field = "dtype" if case == "dtype_same" else "op"
+    assert_failed_loudly(code, out, seconds, ABORT, _mismatch_pattern(algorithm, field))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("case, call", [
+    ("root", "broadcast"), ("root", "reduce"), ("op", "reduce"), ("op", "reduce_scatter"), ("op", "allreduce"),
+    ("dtype_same", "allgather"), ("dtype_same", "broadcast"), ("dtype_same", "reduce_scatter"),
+    ("count", "reduce"), ("count", "broadcast"),
+])
+def test_mismatch_with_raise_is_an_error_on_every_rank(case, call, n):
+    code, out, seconds = launch(case, n, env={"COLLECTIVES_ON_ERROR": "raise", "SCENARIO_CALL": call})
+    assert_failed_loudly(code, out, seconds)
+    for rank in range(n):
+        assert re.search(rf"SCENARIO-ERROR rank {rank}: (MismatchError|CollectiveTimeout)", out), \
+            f"rank {rank} did not end with an error\n{out}"
+
+
+# --- a communicator on which a call failed refuses later calls
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reuse_after_a_failed_call_is_refused(n):
+    code, out, seconds = launch("reuse", n, env={"COLLECTIVES_ON_ERROR": "raise"})
+    assert_failed_loudly(code, out, seconds)
+    for rank in range(n):
+        assert re.search(rf"SCENARIO-REUSE rank {rank}: CollectiveError: this communicator cannot be used: "
+                         r"allreduce\(ring\) failed on it \((MismatchError|CollectiveTimeout): .*new communicator",
+                         out), f"rank {rank}\n{out}"

@@ -14,11 +14,20 @@ Cases (the faulty rank is 1):
   dtype        rank 1 passes float64 where the others pass float32 (same count)
   dtype_same   rank 1 passes int32 where the others pass float32 (same byte size)
   never_calls  rank 1 does the first call, then sleeps instead of the second
+  absent       rank 1 makes no call at all (it sleeps from the start): the others' very first
+               collective (creating the library's communicator) must time out naming it
+  op           rank 1 reduces with max where the others reduce with sum
+  root         rank 1 names root 1 where the others name root 0 (broadcast, reduce)
+  reuse        (COLLECTIVES_ON_ERROR=raise) rank 1 passes one element more in the first call;
+               every rank then calls again on the same communicator and prints
+               ``SCENARIO-REUSE rank R: Type: message`` for the error that call raises
   raises       rank 1 raises RuntimeError after the first call
   sigkill      rank 1 kills itself with SIGKILL after the first call
 
 SCENARIO_ALGO picks the algorithm (default ring); SCENARIO_CALLS the number of calls (4);
-SCENARIO_COUNT the element count (1000).
+SCENARIO_COUNT the element count (1000); SCENARIO_CALL the collective: allreduce (default),
+reduce_scatter, allgather, broadcast, reduce or barrier (building blocks use their default
+algorithm).
 """
 import os
 import signal
@@ -45,12 +54,14 @@ def say(text):
 
 
 def bounded_barrier(limit=15.0):
+    """Wait for every rank (bounded); a rank that never comes (it sleeps, or is gone) would also
+    keep MPI_Finalize from returning, so then the job is aborted."""
     req = WORLD.Ibarrier()
     deadline = time.monotonic() + limit
     while not req.Test():
         if time.monotonic() > deadline:
             say(f"SCENARIO-BARRIER-TIMEOUT rank {RANK}")
-            return
+            WORLD.Abort(1)
         time.sleep(0.005)
 
 
@@ -58,7 +69,7 @@ def buffers(case, call):
     """This rank's input and the result every rank should get when nothing is wrong."""
     count, dtype = COUNT, np.dtype(np.float32)
     if RANK == FAULTY:
-        if case == "count":
+        if case in ("count", "reuse"):
             count += 1
         elif case == "dtype":
             dtype = np.dtype(np.float64)
@@ -69,9 +80,43 @@ def buffers(case, call):
     return x, expected
 
 
+def collective(kind, x, expected, call, op, root, algorithm):
+    """Run the collective ``kind`` on ``x``; True when its result is what a faultless job gets."""
+    if kind == "allreduce":
+        y = collectives.allreduce(x, op=op, algorithm=algorithm)
+        return np.array_equal(y, expected if op == "sum" else np.full_like(expected, SIZE + call))
+    if kind == "reduce_scatter":
+        y = collectives.reduce_scatter(x, op=op)
+        return np.array_equal(y, np.array_split(expected if op == "sum" else np.full_like(expected, SIZE + call),
+                                                SIZE)[RANK])
+    if kind == "allgather":
+        y = collectives.allgather(x)
+        return np.array_equal(y, np.concatenate([np.full(x.size, r + 1 + call, x.dtype) for r in range(SIZE)]))
+    if kind == "broadcast":
+        y = collectives.broadcast(x, root=root)
+        return np.array_equal(y, np.full_like(x, root + 1 + call))
+    if kind == "reduce":
+        y = collectives.reduce(x, root=root, op=op)
+        return y is None if RANK != root else np.array_equal(y, expected)
+    if kind == "barrier":
+        collectives.barrier()
+        return True
+    if kind == "multi_worker_strategy":
+        import tf_bridge
+
+        tf_bridge.multi_worker_strategy()
+        return True
+    raise SystemExit(f"unknown SCENARIO_CALL {kind!r}")
+
+
 def main(case):
     algorithm = os.environ.get("SCENARIO_ALGO", "ring")
+    kind = os.environ.get("SCENARIO_CALL", "allreduce")
     calls = int(os.environ.get("SCENARIO_CALLS", "4"))
+    if RANK == FAULTY and case == "absent":
+        time.sleep(120)  # never calls anything: the others' first collective must time out
+    op = "max" if RANK == FAULTY and case == "op" else "sum"
+    root = 1 if RANK == FAULTY and case == "root" else 0
     ok = True
     for call in range(calls):
         if RANK == FAULTY and call == 1:
@@ -82,9 +127,20 @@ def main(case):
             elif case == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
         x, expected = buffers(case, call)
-        y = collectives.allreduce(x, algorithm=algorithm)
-        if not np.array_equal(y, expected):
-            ok = False
+        try:
+            ok = collective(kind, x, expected, call, op, root, algorithm) and ok
+        except collectives.CollectiveError as exc:
+            if case != "reuse":
+                raise
+            say(f"SCENARIO-ERROR rank {RANK}: {type(exc).__name__}: {exc}")
+            x, expected = buffers("ok", call + 1)
+            try:
+                collective(kind, x, expected, call + 1, op, root, algorithm)
+                say(f"SCENARIO-REUSE rank {RANK}: no error")
+            except collectives.CollectiveError as again:
+                say(f"SCENARIO-REUSE rank {RANK}: {type(again).__name__}: {again}")
+            bounded_barrier()
+            return 1
     say(f"SCENARIO-{'OK' if ok else 'WRONG'} rank {RANK}")
     return 0 if ok else 2
 
@@ -95,6 +151,6 @@ if __name__ == "__main__":
         code = main(what)
     except collectives.CollectiveError as exc:
         say(f"SCENARIO-ERROR rank {RANK}: {type(exc).__name__}: {exc}")
-        bounded_barrier()
+        bounded_barrier(3.0 if what == "absent" else 15.0)  # the absent rank never comes
         code = 1
     sys.exit(code)
