@@ -27,7 +27,6 @@ nodes=128x8,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared]] [--plot F.png] [--ti
 ``python -m collectives.simulate --scale-check [--scale-bytes 1M]``, and
 ``python -m collectives.simulate --calibrate [-a ...] [-b 8] [-e 16M]`` under mpiexec.
 """
-import heapq
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ import numpy as np
 from .flat import _Flat, _registry, build_plans  # noqa: F401  (build_plans: public here too)
 from .plan import PlanError
 from .plugins import add_load_option, load_files
+from .timing import critical_path as _critical_path, time_plans as _time
 from .symbolic import EXACT_LIMIT, VERIFY_ELEMENTS, verify_count, verify_plans  # noqa: F401
 
 verify = verify_plans  # simulate.verify(plans, in_place=...): the symbolic check of given plans
@@ -97,193 +97,6 @@ class SimResult:
     @property
     def busbw(self):
         return self.algbw * (2 * (self.ranks - 1) / self.ranks if self.ranks > 1 else 1.0)
-
-
-
-# timing ----------------------------------------------------------------------------------
-def _time(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
-    """Discrete-event model: messages start in order of their post time, each holds its
-    sender's send port and its receiver's receive port (and, with a shared NIC, both nodes'
-    network ports) for alpha + m beta; a step ends when all its messages have, then its
-    reductions take gamma per byte. Returns (finish per rank, links, messages): ``links``
-    is, per global step, the message that ended it last (for the critical path)."""
-    f = flat if flat is not None else _Flat(plans)
-    p = f.p
-    bad = np.flatnonzero(f.s_match < 0)
-    if bad.size:
-        i = int(bad[0])
-        raise PlanError(f"rank {int(f.s_rank[i])} sends to {int(f.s_peer[i])} (channel {int(f.s_chan[i])}) "
-                           f"a message no receive matches")
-    matched = f.s_match
-    wrong = np.flatnonzero(f.s_len != f.r_len[matched])
-    if wrong.size:
-        i = int(wrong[0])
-        raise PlanError(f"rank {int(f.s_rank[i])} sends {int(f.s_len[i])} elements to {int(f.s_peer[i])}, "
-                           f"which expects {int(f.r_len[matched[i]])}")
-    nbytes_arr = f.s_len * itemsize
-    if topology is None:
-        dur_arr = alpha + nbytes_arr * beta
-        nic_arr = None
-    else:
-        k = topology.ranks_per_node
-        same = (f.s_rank // k) == (f.s_peer // k)
-        dur_arr = np.where(same, topology.intra[0] + nbytes_arr * topology.intra[1],
-                           topology.inter[0] + nbytes_arr * topology.inter[1])
-        nic_arr = (~same).tolist() if topology.shared_nic else None
-    dur = dur_arr.tolist()
-    s_src = f.s_rank.tolist()
-    s_dst = f.s_peer.tolist()
-    s_rg = f.r_step[matched].tolist() if len(matched) else []
-    ss = f.ss.tolist()
-    nmsg = (np.diff(f.ss) + np.diff(f.rs)).tolist()
-    wt = (f.work * itemsize * gamma).tolist()  # == work * itemsize * gamma for each step
-    first = f.start[:-1].tolist()
-    last = (f.start[:-1] + f.nsteps).tolist()
-    G = f.steps_total
-    if record:
-        s_lstep = (f.s_step - f.start[f.s_rank]).tolist()
-        s_nbytes = nbytes_arr.tolist()
-    if nic_arr is not None:
-        kpn = topology.ranks_per_node
-        nnodes = (p + kpn - 1) // kpn
-        nic_s, nic_r = [0.0] * nnodes, [0.0] * nnodes
-
-    cur = list(first)
-    outstanding = [0] * p
-    post = [0.0] * p
-    latest = [0.0] * p
-    cause = [-1] * p  # 2 * peer + (0 send, 1 receive): the message that ended the step last
-    finish = [0.0] * p
-    send_free = [0.0] * p
-    recv_free = [0.0] * p
-    link_cause = [-1] * G
-    link_time = [0.0] * G
-    heap = []
-    push, pop = heapq.heappush, heapq.heappop
-    messages = []
-    seq = 0
-    early = {}  # global step -> [(end, sender)]: messages that ended before their receiver got there
-
-    def advance(rank, g, when):
-        """Start step g of ``rank`` at ``when`` (skipping steps without messages)."""
-        nonlocal seq
-        stop = last[rank]
-        while g < stop:
-            post[rank] = when
-            latest[rank] = when
-            m = nmsg[g]
-            outstanding[rank] = m
-            if m:
-                cur[rank] = g
-                for i in range(ss[g], ss[g + 1]):
-                    push(heap, (when, seq, i))
-                    seq += 1
-                return
-            when += wt[g]
-            g += 1
-        cur[rank] = g
-        finish[rank] = when
-
-    def step_done(rank):
-        g = cur[rank]
-        link_cause[g] = cause[rank]
-        link_time[g] = end = latest[rank]
-        advance(rank, g + 1, end + wt[g])
-
-    def arrived(rank, when, why):
-        """One message of ``rank``'s current step ended at ``when`` (``why``: its cause code);
-        True when that was the step's last one."""
-        if when >= latest[rank]:
-            latest[rank] = when
-            cause[rank] = why
-        outstanding[rank] -= 1
-        if outstanding[rank]:
-            return False
-        step_done(rank)
-        return True
-
-    for rank in range(p):
-        advance(rank, first[rank], 0.0)
-    while heap:
-        ready, _, i = pop(heap)
-        src = s_src[i]
-        dst = s_dst[i]
-        start = ready
-        if send_free[src] > start:
-            start = send_free[src]
-        if recv_free[dst] > start:
-            start = recv_free[dst]
-        if nic_arr is not None and nic_arr[i]:
-            ns_, nd_ = src // kpn, dst // kpn
-            start = max(start, nic_s[ns_], nic_r[nd_])
-            end = start + dur[i]
-            nic_s[ns_] = end
-            nic_r[nd_] = end
-        else:
-            end = start + dur[i]
-        send_free[src] = end
-        recv_free[dst] = end
-        if record:
-            messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
-        arrived(src, end, 2 * dst)  # the sender's step: one message fewer to wait for
-        # the receiver's, if it is there yet
-        g = s_rg[i]
-        if cur[dst] == g and outstanding[dst] > 0:
-            arrived(dst, end, 2 * src + 1)
-        elif g in early:
-            early[g].append((end, src))
-        else:
-            early[g] = [(end, src)]
-        if early:  # ranks that have now reached a step whose messages arrived early
-            for rank in (src, dst):
-                while outstanding[rank] > 0 and cur[rank] in early:
-                    for end_time, peer in early.pop(cur[rank]):
-                        if arrived(rank, post[rank] if post[rank] > end_time else end_time, 2 * peer + 1):
-                            break
-    stuck = [r for r in range(p) if cur[r] < last[r]]
-    if stuck:
-        raise PlanError(f"deadlock: ranks {stuck[:8]} never finish (step {cur[stuck[0]] - first[stuck[0]]})")
-    return finish, (link_cause, link_time, f), messages
-
-
-def _critical_path(finish, links, plans=None):
-    """Walk back from the last rank to finish: at each step, the message that ended last.
-
-    Returns ``(rank, step, "send"|"recv", peer, time)`` tuples from the first event on."""
-    import bisect
-
-    link_cause, link_time, f = links
-    first = f.start[:-1].tolist()
-    nsteps = f.nsteps.tolist()
-    rows_of = {}
-
-    def rows(rank):  # (local step, end time) of the rank's steps that have messages
-        if rank not in rows_of:
-            base = first[rank]
-            steps = [s for s in range(nsteps[rank]) if link_cause[base + s] >= 0]
-            rows_of[rank] = (steps, [link_time[base + s] for s in steps])
-        return rows_of[rank]
-
-    rank = int(np.argmax(finish)) if finish else 0
-    step = nsteps[rank] if finish else 0
-    path = []
-    while step > 0 and len(path) < 10 ** 6:
-        g = first[rank] + step - 1
-        why = link_cause[g]
-        if why < 0:
-            step -= 1
-            continue
-        peer, kind = divmod(why, 2)
-        when = link_time[g]
-        path.append((rank, step - 1, "recv" if kind else "send", peer, when))
-        if kind:  # continue on the sender, at its last step that ended by then
-            steps, times = rows(peer)
-            k = bisect.bisect_right(times, when) - 1
-            rank, step = peer, (steps[k] if k >= 0 else -1)
-        else:
-            step -= 1
-    path.reverse()
-    return path
 
 
 

@@ -1,0 +1,210 @@
+"""The simulator's timing model: a discrete-event run of every rank's plan (``collectives.flat``).
+
+A message of m bytes holds its sender's send port and its receiver's receive port (and, with a
+shared NIC, both nodes' network ports) for alpha + m beta, starting in the order of its post
+time; a rank's step ends when all its messages have, then its reductions take gamma per byte.
+"""
+import bisect
+import heapq
+
+import numpy as np
+
+from .flat import _Flat
+from .plan import PlanError
+
+
+def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
+    """Discrete-event model: messages start in order of their post time, each holds its
+    sender's send port and its receiver's receive port (and, with a shared NIC, both nodes'
+    network ports) for alpha + m beta; a step ends when all its messages have, then its
+    reductions take gamma per byte. Returns (finish per rank, links, messages): ``links``
+    is, per global step, the message that ended it last (for the critical path)."""
+    f = flat if flat is not None else _Flat(plans)
+    p = f.p
+    bad = np.flatnonzero(f.s_match < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise PlanError(f"rank {int(f.s_rank[i])} sends to {int(f.s_peer[i])} (channel {int(f.s_chan[i])}) "
+                           f"a message no receive matches")
+    matched = f.s_match
+    wrong = np.flatnonzero(f.s_len != f.r_len[matched])
+    if wrong.size:
+        i = int(wrong[0])
+        raise PlanError(f"rank {int(f.s_rank[i])} sends {int(f.s_len[i])} elements to {int(f.s_peer[i])}, "
+                           f"which expects {int(f.r_len[matched[i]])}")
+    nbytes_arr = f.s_len * itemsize
+    if topology is None:
+        dur_arr = alpha + nbytes_arr * beta
+        nic_arr = None
+    else:
+        k = topology.ranks_per_node
+        same = (f.s_rank // k) == (f.s_peer // k)
+        dur_arr = np.where(same, topology.intra[0] + nbytes_arr * topology.intra[1],
+                           topology.inter[0] + nbytes_arr * topology.inter[1])
+        nic_arr = (~same).tolist() if topology.shared_nic else None
+    dur = dur_arr.tolist()
+    s_src = f.s_rank.tolist()
+    s_dst = f.s_peer.tolist()
+    s_rg = f.r_step[matched].tolist() if len(matched) else []
+    ss = f.ss.tolist()
+    nmsg = (np.diff(f.ss) + np.diff(f.rs)).tolist()
+    wt = (f.work * itemsize * gamma).tolist()  # == work * itemsize * gamma for each step
+    first = f.start[:-1].tolist()
+    last = (f.start[:-1] + f.nsteps).tolist()
+    G = f.steps_total
+    if record:
+        s_lstep = (f.s_step - f.start[f.s_rank]).tolist()
+        s_nbytes = nbytes_arr.tolist()
+    if nic_arr is not None:
+        kpn = topology.ranks_per_node
+        nnodes = (p + kpn - 1) // kpn
+        nic_s, nic_r = [0.0] * nnodes, [0.0] * nnodes
+
+    cur = list(first)
+    outstanding = [0] * p
+    post = [0.0] * p
+    latest = [0.0] * p
+    cause = [-1] * p  # 2 * peer + (0 send, 1 receive): the message that ended the step last
+    finish = [0.0] * p
+    send_free = [0.0] * p
+    recv_free = [0.0] * p
+    link_cause = [-1] * G
+    link_time = [0.0] * G
+    # receives that ended before their rank reached their step: how many, the latest end, the
+    # cause of the last one to end then and of the last one to arrive
+    early_n = [0] * G
+    early_end = [0.0] * G
+    early_max = [-1] * G
+    early_last = [-1] * G
+    heap = []
+    push, pop = heapq.heappush, heapq.heappop
+    messages = []
+    seq = 0
+
+    def advance(rank, g, when):
+        """Start step g of ``rank`` at ``when`` (skipping steps without messages, and steps
+        whose messages are all receives that already ended)."""
+        nonlocal seq
+        stop = last[rank]
+        while g < stop:
+            m = nmsg[g]
+            if m:
+                k = early_n[g]
+                if k:
+                    e = early_end[g]
+                    lat, why = (e, early_max[g]) if e > when else (when, early_last[g])
+                    if m == k:  # nothing left to wait for: the step ends at once
+                        link_cause[g] = why
+                        link_time[g] = lat
+                        when = lat + wt[g]
+                        g += 1
+                        continue
+                    cause[rank] = why
+                else:
+                    lat = when
+                post[rank] = when
+                latest[rank] = lat
+                outstanding[rank] = m - k
+                cur[rank] = g
+                for i in range(ss[g], ss[g + 1]):
+                    push(heap, (when, seq, i))
+                    seq += 1
+                return
+            when += wt[g]
+            g += 1
+        cur[rank] = g
+        finish[rank] = when
+
+    for rank in range(p):
+        advance(rank, first[rank], 0.0)
+    while heap:
+        ready, _, i = pop(heap)
+        src = s_src[i]
+        dst = s_dst[i]
+        start = ready
+        if send_free[src] > start:
+            start = send_free[src]
+        if recv_free[dst] > start:
+            start = recv_free[dst]
+        if nic_arr is not None and nic_arr[i]:
+            ns_, nd_ = src // kpn, dst // kpn
+            start = max(start, nic_s[ns_], nic_r[nd_])
+            end = start + dur[i]
+            nic_s[ns_] = end
+            nic_r[nd_] = end
+        else:
+            end = start + dur[i]
+        send_free[src] = end
+        recv_free[dst] = end
+        if record:
+            messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
+        # the sender's step: one message fewer to wait for
+        if end >= latest[src]:
+            latest[src] = end
+            cause[src] = 2 * dst
+        outstanding[src] -= 1
+        if not outstanding[src]:
+            g = cur[src]
+            link_cause[g] = cause[src]
+            link_time[g] = done = latest[src]
+            advance(src, g + 1, done + wt[g])
+        # the receiver's, if it is there yet; else the message waits for it
+        g = s_rg[i]
+        if cur[dst] == g and outstanding[dst] > 0:
+            if end >= latest[dst]:
+                latest[dst] = end
+                cause[dst] = 2 * src + 1
+            outstanding[dst] -= 1
+            if not outstanding[dst]:
+                link_cause[g] = cause[dst]
+                link_time[g] = done = latest[dst]
+                advance(dst, g + 1, done + wt[g])
+        else:
+            why = 2 * src + 1
+            early_n[g] += 1
+            early_last[g] = why
+            if end >= early_end[g]:
+                early_end[g] = end
+                early_max[g] = why
+    stuck = [r for r in range(p) if cur[r] < last[r]]
+    if stuck:
+        raise PlanError(f"deadlock: ranks {stuck[:8]} never finish (step {cur[stuck[0]] - first[stuck[0]]})")
+    return finish, (link_cause, link_time, f), messages
+
+
+def critical_path(finish, links, plans=None):
+    """Walk back from the last rank to finish: at each step, the message that ended last.
+
+    Returns ``(rank, step, "send"|"recv", peer, time)`` tuples from the first event on."""
+    link_cause, link_time, f = links
+    first = f.start[:-1].tolist()
+    nsteps = f.nsteps.tolist()
+    rows_of = {}
+
+    def rows(rank):  # (local step, end time) of the rank's steps that have messages
+        if rank not in rows_of:
+            base = first[rank]
+            steps = [s for s in range(nsteps[rank]) if link_cause[base + s] >= 0]
+            rows_of[rank] = (steps, [link_time[base + s] for s in steps])
+        return rows_of[rank]
+
+    rank = int(np.argmax(finish)) if finish else 0
+    step = nsteps[rank] if finish else 0
+    path = []
+    while step > 0 and len(path) < 10 ** 6:
+        g = first[rank] + step - 1
+        why = link_cause[g]
+        if why < 0:
+            step -= 1
+            continue
+        peer, kind = divmod(why, 2)
+        when = link_time[g]
+        path.append((rank, step - 1, "recv" if kind else "send", peer, when))
+        if kind:  # continue on the sender, at its last step that ended by then
+            steps, times = rows(peer)
+            k = bisect.bisect_right(times, when) - 1
+            rank, step = peer, (steps[k] if k >= 0 else -1)
+        else:
+            step -= 1
+    path.reverse()
+    return path
