@@ -135,6 +135,7 @@ def main(args=None):
     lo = sim._size(getattr(args, "minbytes", None) or "8")
     hi = sim._size(getattr(args, "maxbytes", None) or "16M")
     sizes = _sizes(lo, hi, getattr(args, "stepfactor", None) or 4)
+    collectives.barrier(comm)  # every rank is here (bounded by COLLECTIVES_TIMEOUT) before blocking MPI calls
     lib = as_comm(comm)
     alpha, beta, gamma, details = fit(comm, lib)
     rows = []

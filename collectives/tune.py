@@ -190,6 +190,9 @@ def main(argv=None):
         return 2
     if comm.size == 1 and comm.rank == 0:
         print("# one rank: every algorithm is a local copy; run under mpiexec -n N to tune N ranks")
+    from .api import barrier
+
+    barrier(comm)  # every rank is here (bounded by COLLECTIVES_TIMEOUT) before any blocking MPI call
     entries = tune(comm, args)
     if comm.rank == 0:
         if args.dry_run:

@@ -4,12 +4,17 @@
 2. multi-process tests under ``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4.
 
 Each layer runs under an outer timeout, so a hang anywhere ends as a failure, never a stuck CI.
+Every layer runs with TMPDIR set to a directory of its own (removed at the end), and what MPI
+jobs that were aborted or killed left in /dev/shm and /tmp is removed after each layer
+(``collectives.cleanup``); /dev/shm and /tmp are listed before and after the whole run, and
+an entry left behind fails the run.
 """
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,10 +59,20 @@ def parse_counts(output, rank=None):
     return counts
 
 
-def run(label, cmd, timeout, rank=None):
+def litter_dirs():
+    return [d for d in ("/dev/shm", "/tmp") if os.path.isdir(d)]
+
+
+def snapshot():
+    return {d: set(os.listdir(d)) for d in litter_dirs()}
+
+
+def run(label, cmd, timeout, rank=None, tmpdir=None):
     print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
     start = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if tmpdir is not None:
+        env["TMPDIR"] = tmpdir
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -94,10 +109,29 @@ def main(argv):
             layers.append(("mpiexec -n 2 (TensorFlow)", [launcher, "-prepend-rank", "-n", "2", python, "-m",
                                                          "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                                          "tests/tf_mpi"], 900, 0))
-    for label, cmd, timeout, rank in layers:
-        counts = run(label, cmd, timeout, rank)
-        for key in totals:
-            totals[key] += counts[key]
+    sys.path.insert(0, ROOT)
+    from collectives import cleanup
+
+    before = snapshot()
+    tmpdir = tempfile.mkdtemp(prefix="collectives-tests-")
+    try:
+        for label, cmd, timeout, rank in layers:
+            known = set(cleanup.candidates())
+            counts = run(label, cmd, timeout, rank, tmpdir)
+            removed = cleanup.remove_stale(set(cleanup.candidates()) - known)
+            if removed:
+                print(f"=== {label}: removed {len(removed)} entries its aborted MPI jobs left: "
+                      f"{', '.join(removed)}", flush=True)
+            for key in totals:
+                totals[key] += counts[key]
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    after = snapshot()
+    left = sorted(os.path.join(d, name) for d in after for name in after[d] - before.get(d, set()))
+    print(f"\n/dev/shm and /tmp: {sum(map(len, before.values()))} entries before, "
+          f"{sum(map(len, after.values()))} after" + (f"; left behind: {', '.join(left)}" if left else ""))
+    if left:
+        totals["failed"] += 1
     print(f"\nsummary: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
     return 1 if totals["failed"] or not totals["passed"] else 0
 

@@ -307,6 +307,110 @@ def test_mismatched_dtype_size_is_a_mismatch(other):
         collectives.run_threaded(3, body)
 
 
+FOREIGN = r"rank \d+ sent a message of another call"
+
+
+def _first_option(algorithm):
+    declared = collectives.algorithm_options(algorithm)
+    return next((k for k in ("segment_bytes", "group_size", "root") if k in declared), None)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("fault, algorithm", [(f, a) for f in ("dtype_same", "op") for a in ALGORITHMS]
+                         + [("option", a) for a in ALGORITHMS if _first_option(a)])
+def test_same_size_mismatch_never_gives_a_result(fault, algorithm, n):
+    # without the check: the signature in the tags keeps the calls apart, a waiting rank meets
+    # the peer's foreign message (MismatchError), or times out; no rank returns
+    name = _first_option(algorithm)
+    returned = []
+
+    def body(comm):
+        dtype, op, opts = np.float32, "sum", {}
+        if comm.rank == 1:
+            if fault == "dtype_same":
+                dtype = np.int32
+            elif fault == "op":
+                op = "max"
+            else:
+                opts = {name: {"segment_bytes": 8, "group_size": 1, "root": n - 1}[name]}
+        result = collectives.allreduce(np.ones(40, dtype), comm=comm, algorithm=algorithm, op=op, **opts)
+        returned.append(comm.rank)
+        return result
+
+    with env(COLLECTIVES_TIMEOUT=2), pytest.raises((MismatchError, CollectiveTimeout, PeerAborted)) as info:
+        collectives.run_threaded(n, body)
+    if algorithm != "shm" and fault != "option":  # another root or group: the peers may just never send
+        assert isinstance(info.value, MismatchError) and re.search(FOREIGN, str(info.value)), info.value
+    assert len(returned) < n, "every rank returned a result"
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("call, algorithm", [("broadcast", a) for a in blocks.BROADCAST]
+                         + [("reduce", a) for a in blocks.REDUCE])
+def test_root_mismatch_never_gives_a_result(call, algorithm, n):
+    # rank 1 names itself the root, the others rank 0: neither root returns, and a rank that does
+    # return (it only exchanged messages with ranks that made its very call) holds root 0's data
+    returned = {}
+
+    def body(comm):
+        root = 1 if comm.rank == 1 else 0
+        buf = np.full(10, comm.rank + 1, np.int64)
+        if call == "broadcast":
+            result = collectives.broadcast(buf, root=root, comm=comm, algorithm=algorithm)
+        else:
+            result = collectives.reduce(buf, root=root, comm=comm, algorithm=algorithm)
+        returned[comm.rank] = None if result is None else result.copy()
+
+    with env(COLLECTIVES_TIMEOUT=2), pytest.raises((MismatchError, CollectiveTimeout, PeerAborted)):
+        collectives.run_threaded(n, body)
+    assert 0 not in returned and 1 not in returned, f"a root returned: {sorted(returned)}"
+    for rank, result in returned.items():
+        assert result is None or np.array_equal(result, np.full(10, 1, np.int64)), (rank, result)
+
+
+def test_a_failed_communicator_refuses_later_calls():
+    seen = {}
+
+    def body(comm):
+        dtype = np.int32 if comm.rank == 1 else np.float32
+        try:
+            collectives.allreduce(np.ones(8, dtype), comm=comm, algorithm="ring")
+        except (MismatchError, CollectiveTimeout, PeerAborted):
+            pass
+        try:
+            collectives.allreduce(np.ones(8, np.float32), comm=comm, algorithm="ring")
+        except CollectiveError as exc:
+            seen[comm.rank] = str(exc)
+
+    with env(COLLECTIVES_TIMEOUT=2), pytest.raises(CollectiveError):
+        collectives.run_threaded(2, body)
+    assert set(seen) == {0, 1}, seen
+    for text in seen.values():
+        assert re.match(r"this communicator cannot be used: allreduce\(ring\) failed on it \(\w+: .*new "
+                        r"communicator", text), text
+
+
+def test_stale_mpi_litter_is_found_and_removed_but_never_what_is_in_use(tmp_path, monkeypatch):
+    from collectives import cleanup
+
+    monkeypatch.setattr(cleanup, "SHM_DIR", str(tmp_path / "shm"))
+    monkeypatch.setattr(cleanup, "TMP_DIR", str(tmp_path / "tmp"))
+    (tmp_path / "shm").mkdir()
+    (tmp_path / "tmp").mkdir()
+    dead = tmp_path / "shm" / "mpich_shm_dead_0"
+    held = tmp_path / "shm" / "mpich_shm_held_0"
+    hydra = tmp_path / "tmp" / "hydra_hwloc_xmlfile_abc"
+    other = tmp_path / "shm" / "somebody_else"
+    for path in (dead, held, hydra, other):
+        path.write_bytes(b"x")
+    with open(held, "rb"):
+        assert cleanup.stale() == sorted([str(dead), str(hydra)])
+        assert cleanup.remove_stale([str(dead)]) == [str(dead)]
+        assert not dead.exists() and hydra.exists() and held.exists() and other.exists()
+    assert cleanup.main([]) == 0
+    assert not held.exists() and not hydra.exists() and other.exists()
+
+
 @pytest.mark.parametrize("extra", [-3, 5])
 def test_short_and_long_messages_name_the_peer(extra):
     def body(comm):
