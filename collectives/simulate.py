@@ -39,9 +39,29 @@ from .flat import _Flat, _registry, build_plans  # noqa: F401  (build_plans: pub
 from .plan import PlanError
 from .plugins import add_load_option, load_files
 from .timing import critical_path as _critical_path, time_plans as _time
-from .symbolic import EXACT_LIMIT, VERIFY_ELEMENTS, verify_count, verify_plans  # noqa: F401
+from .atoms import atomize
+from .symbolic import EXACT_LIMIT, VERIFY_ELEMENTS, _Verifier, verify_count, verify_plans  # noqa: F401
 
 verify = verify_plans  # simulate.verify(plans, in_place=...): the symbolic check of given plans
+
+
+def verify_flat(flat, count, rebuild):
+    """Both checks (out of place, in place) of every rank's plan at ``count`` elements, from
+    ``flat`` (built with ops=True); returns the engine's name. Above ``verify_count`` elements,
+    the check runs at the real count on atoms (``collectives.atoms``) when they are few, else
+    on ``rebuild(verify_count)``'s plans."""
+    vcount = verify_count(flat.p, count)
+    if vcount < count:
+        atoms = atomize(flat, limit=4 * vcount + 64)
+        if atoms is None:
+            flat = _Flat(rebuild(vcount), ops=True)
+        else:
+            for in_place in (False, True):  # the rules that need no data, on the real elements
+                _Verifier(flat, None, in_place).static_checks()
+            flat = atoms
+    mode = verify_plans(None, in_place=False, flat=flat)
+    verify_plans(None, in_place=True, flat=flat)
+    return mode
 
 
 @dataclass
@@ -123,9 +143,7 @@ def simulate(algorithm, ranks, nbytes, alpha=15e-6, beta=1 / 2.0e9, gamma=1 / 6.
 
 def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, verify_data, record, options):
     plans = build_plans(algorithm, ranks, count, itemsize, topology, **options)
-    vcount = verify_count(ranks, count)
-    reuse = verify_data and vcount == count
-    flat = _Flat(plans, ops=reuse)
+    flat = _Flat(plans, ops=verify_data)
     del plans  # the flat arrays hold everything the model and the check read
     finish, links, messages = _time(None, alpha, beta, gamma, itemsize, topology, record, flat=flat)
     result = SimResult(algorithm, ranks, count * itemsize, max(finish) if finish else 0.0, False,
@@ -136,12 +154,9 @@ def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, v
     result.critical_path = _critical_path(finish, links)
     del links
     if verify_data:
-        if not reuse:
-            del flat
-            flat = _Flat(build_plans(algorithm, ranks, vcount, itemsize, topology, **options), ops=True)
         try:
-            result.verify_mode = verify(None, in_place=False, flat=flat)
-            verify(None, in_place=True, flat=flat)
+            result.verify_mode = verify_flat(flat, count, lambda n: build_plans(algorithm, ranks, n, itemsize,
+                                                                                topology, **options))
             result.verified = True
         except PlanError as exc:
             result.verify_error = str(exc)

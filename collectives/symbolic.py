@@ -15,6 +15,7 @@ read after the same element of OUT was written.
 import numpy as np
 
 from ._static import StaticChecks
+from .atoms import real_element
 from ._symbols import _ENGINES, _Exact, _Fingerprint, _expand
 from .flat import _Flat
 from .plan import BUFFER_NAMES, COPY, FINAL, IN, OUT, REDUCE, TMP, PlanError
@@ -77,6 +78,8 @@ class _Verifier(StaticChecks):
     # errors -------------------------------------------------------------------------------
     def error(self, what, rank=None, g=None, buffer=None, element=None):
         f = self.f
+        if element is not None and buffer is not None and hasattr(f, "bounds"):  # atoms: the real element
+            element = real_element(f, _buffer_name(int(buffer)), int(element))
         if g is not None:
             rank = int(f.step_rank[g])
         return PlanError(what, f.algorithm, f.p, f.count, self.mode, rank,
@@ -177,7 +180,7 @@ class _Verifier(StaticChecks):
         lost = np.flatnonzero(f.s_match < 0)
         if lost.size:
             i = int(lost[0])
-            self.fail(f.s_step[i], f"sends {int(f.s_len[i])} elements to rank {int(f.s_peer[i])} on channel "
+            self.fail(f.s_step[i], f"sends {int(getattr(f, 'real', f).s_len[i])} elements to rank {int(f.s_peer[i])} on channel "
                                    f"{int(f.s_chan[i])}, a message rank {int(f.s_peer[i])} never receives",
                       f.s_buf[i], f.s_lo[i])
         self.check_outputs()
@@ -192,7 +195,7 @@ class _Verifier(StaticChecks):
             for j in range(int(f.rs[g]), int(f.rs[g + 1])):
                 m = int(f.r_match[j])
                 if m < 0:
-                    return self.error(f"receives {int(f.r_len[j])} elements from rank {int(f.r_peer[j])} on "
+                    return self.error(f"receives {int(getattr(f, 'real', f).r_len[j])} elements from rank {int(f.r_peer[j])} on "
                                       f"channel {int(f.r_chan[j])}, a message rank {int(f.r_peer[j])} never "
                                       f"sends: it waits forever", g=g, buffer=f.r_buf[j], element=f.r_lo[j])
                 if cur[f.s_rank[m]] < f.s_step[m]:
