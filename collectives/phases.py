@@ -1,9 +1,27 @@
-"""Phases that algorithms compose: each adds one rank's steps to a PlanBuilder.
+"""Phases that algorithms compose (public: ``from collectives import phases``); each adds one
+rank's steps to a ``PlanBuilder``.
 
 A phase works on ``ranks``, the participating world ranks in the phase's order
 (the rank building the plan is ``b.rank``, and must be among them), over chunk
-bounds given in elements. ``src`` names where this rank's contribution lives
-before the phase (IN, or OUT once an earlier phase wrote it); results land in OUT.
+bounds given in elements (``block_bounds(count, parts)``, or any list of offsets). ``src``
+names where this rank's contribution lives before the phase (IN, or OUT once an earlier
+phase wrote it); results land in OUT. ``chan`` keeps a phase's messages apart from another
+phase's between the same pair when the two run side by side (``PlanBuilder.tracks``).
+
+- ``ring_reduce_scatter(b, ranks, bounds, src=IN, final=True, chan=0)``: m-1 steps;
+  participant i ends with chunk i reduced (FINAL applied unless ``final=False``).
+- ``ring_allgather(b, ranks, bounds, chan=0)``: m-1 steps; chunk i starts at participant i.
+- ``recursive_doubling(b, ranks, lo, hi, src=IN, final=True, chan=0)``: lg m steps (+2 when
+  m is not a power of two), ``lo:hi`` reduced everywhere.
+- ``halving_doubling(b, ranks, bounds, src=IN, reduce_scatter=True, allgather=True,
+  final=True, chan=0)``: recursive-halving reduce-scatter and/or recursive-doubling all-gather.
+- ``tree_reduce`` / ``tree_broadcast(b, parent, children, segs, depth, max_depth, ...)``:
+  pipelined trees in global steps (``segments(lo, hi, segment)`` cuts the range).
+- ``binomial_reduce(b, ranks, root, lo, hi, src=IN, final=True, chan=0)`` and
+  ``binomial_broadcast(b, ranks, root, lo, hi, chan=0)``: ceil(lg m) rounds, whole ranges;
+  ``binomial_children(j, m)`` gives the tree.
+
+docs/writing-an-algorithm.md shows them in use.
 """
 from .plan import FINAL, IN, OUT, REDUCE, TMP, max_width
 
