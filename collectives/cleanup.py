@@ -91,6 +91,45 @@ def remove_stale(among=None):
     return removed
 
 
+def tagged_processes(name, value):
+    """PIDs of the running processes whose environment holds ``name=value``. MPI launchers put
+    their proxies and ranks in sessions of their own, so a job's processes are found by a
+    variable set for the job (it is inherited by everything the launcher starts)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                if needle in environ.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def end_tagged(name, value, grace=5.0):
+    """Wait up to ``grace`` seconds for the processes tagged ``name=value`` to exit, kill what
+    is left (SIGKILL), and wait for them to be gone; returns the PIDs that had to be killed."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + grace
+    while tagged_processes(name, value) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed = tagged_processes(name, value)
+    for pid in killed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5.0
+    while tagged_processes(name, value) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return killed
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m collectives.cleanup", description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="list the stale entries, remove nothing")

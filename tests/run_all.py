@@ -70,7 +70,7 @@ def snapshot():
 def run(label, cmd, timeout, rank=None, tmpdir=None):
     print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
     start = time.monotonic()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLLECTIVES_TEST_LAYER=f"{os.getpid()}-{label}")
     if tmpdir is not None:
         env["TMPDIR"] = tmpdir
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -83,6 +83,13 @@ def run(label, cmd, timeout, rank=None, tmpdir=None):
         output += f"\n{label}: TIMED OUT after {timeout} s\n"
         code = 124
     sys.stdout.write(output)
+    # MPI launchers start ranks in sessions of their own: a layer that timed out (or aborted) can
+    # leave them running; they are found by the variable set for the layer and ended
+    from collectives import cleanup
+
+    killed = cleanup.end_tagged("COLLECTIVES_TEST_LAYER", env["COLLECTIVES_TEST_LAYER"])
+    if killed:
+        print(f"=== {label}: ended {len(killed)} processes left running", flush=True)
     counts = parse_counts(output, rank)
     if code != 0 and counts["failed"] == 0:
         counts["failed"] = 1  # a crash, an abort or a timeout counts as a failure

@@ -6,9 +6,9 @@ within it, exited nonzero, printed the documented error text and that no rank pr
 its success marker. A single-process test: it runs in the normal pytest layer.
 """
 import importlib.util
+import itertools
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -59,36 +59,26 @@ def launch(case, n, *, env=None, mpi4py_runner=False, algorithm="ring"):
         full_env.pop(key, None)
     full_env.update(env or {})
     before = set(cleanup.candidates())
+    job = f"{os.getpid()}-{next(_jobs)}"
+    full_env[JOB_VARIABLE] = job  # inherited by the launcher, its proxies and every rank
     start = time.monotonic()
-    # its own process group, so that the launcher, its proxies and every rank can be ended together
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True)
     try:
         out, _ = proc.communicate(timeout=HARD_TIMEOUT)
     except subprocess.TimeoutExpired:
-        end_group(proc.pid)
+        cleanup.end_tagged(JOB_VARIABLE, job, grace=0)
         out, _ = proc.communicate()
         pytest.fail(f"{case} on {n} ranks hung: killed after {HARD_TIMEOUT} s\n{out}")
     finally:
-        end_group(proc.pid)
+        # the ranks live in sessions of their own and may outlive the launcher by a moment
+        cleanup.end_tagged(JOB_VARIABLE, job)
         cleanup.remove_stale(set(cleanup.candidates()) - before)
     return proc.returncode, out, time.monotonic() - start
 
 
-def end_group(pgid, grace=5.0):
-    """Wait (up to ``grace`` s) for the job's processes to exit, then kill what is left."""
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    time.sleep(0.2)
+JOB_VARIABLE = "COLLECTIVES_TEST_JOB"
+_jobs = itertools.count()
 
 
 def assert_failed_loudly(code, out, seconds, *patterns):

@@ -379,6 +379,9 @@ def _abort_unless_raise(mpi_comm, exc):
                          f"collectives: aborting the MPI job (COLLECTIVES_ON_ERROR=raise to handle "
                          f"errors instead)\n")
         sys.stderr.flush()
+        # the launcher forwards a rank's output asynchronously and drops what is in flight when
+        # the abort kills the job: a moment for these lines to get out first
+        time.sleep(0.2)
         mpi_comm.Abort(1)
 
 
