@@ -36,6 +36,12 @@ def _params(module, ranks, options, topology):
     return opts
 
 
+def build_plan(algorithm, rank, ranks, count, itemsize=4, topology=None, **options):
+    """One rank's plan, with the options resolved as ``build_plans`` does."""
+    module = algorithm_module(algorithm)
+    return module.build(rank, ranks, count, itemsize=itemsize, **_params(module, ranks, options, topology))
+
+
 def build_plans(algorithm, ranks, count, itemsize=4, topology=None, **options):
     module = algorithm_module(algorithm)
     params = _params(module, ranks, options, topology)

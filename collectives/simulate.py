@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .flat import _Flat, _registry, build_plans  # noqa: F401  (build_plans: public here too)
+from .flat import _Flat, _registry, build_plan, build_plans  # noqa: F401  (build_plans: public here too)
 from .plan import PlanError
 from .plugins import add_load_option, load_files
 from .timing import critical_path as _critical_path, time_plans as _time
@@ -45,14 +45,17 @@ from .symbolic import EXACT_LIMIT, VERIFY_ELEMENTS, _Verifier, verify_count, ver
 verify = verify_plans  # simulate.verify(plans, in_place=...): the symbolic check of given plans
 
 
-def verify_flat(flat, count, rebuild):
+def verify_flat(flat, count, rebuild, probe=None):
     """Both checks (out of place, in place) of every rank's plan at ``count`` elements, from
     ``flat`` (built with ops=True); returns the engine's name. Above ``verify_count`` elements,
     the check runs at the real count on atoms (``collectives.atoms``) when they are few, else
     on ``rebuild(verify_count)``'s plans."""
     vcount = verify_count(flat.p, count)
     if vcount < count:
-        atoms = atomize(flat, limit=4 * vcount + 64)
+        # atoms save building every plan again, unless the smaller plans are much smaller (pipelined
+        # trees: fewer segments); ``probe(n)`` is rank 0's plan at n elements
+        small = probe is not None and 4 * len(probe(vcount).steps) < int(flat.nsteps[0])
+        atoms = None if small else atomize(flat, limit=4 * vcount + 64)
         if atoms is None:
             flat = _Flat(rebuild(vcount), ops=True)
         else:
@@ -155,8 +158,9 @@ def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, v
     del links
     if verify_data:
         try:
-            result.verify_mode = verify_flat(flat, count, lambda n: build_plans(algorithm, ranks, n, itemsize,
-                                                                                topology, **options))
+            result.verify_mode = verify_flat(
+                flat, count, lambda n: build_plans(algorithm, ranks, n, itemsize, topology, **options),
+                lambda n: build_plan(algorithm, 0, ranks, n, itemsize, topology, **options))
             result.verified = True
         except PlanError as exc:
             result.verify_error = str(exc)
