@@ -45,6 +45,13 @@ from .symbolic import EXACT_LIMIT, VERIFY_ELEMENTS, _Verifier, verify_count, ver
 verify = verify_plans  # simulate.verify(plans, in_place=...): the symbolic check of given plans
 
 
+def _small(flat_steps, ranks, count, probe):
+    """True when the plans at ``verify_count`` are much smaller than at ``count`` (pipelined trees:
+    fewer segments), so building them again is cheaper than the check on atoms."""
+    vcount = verify_count(ranks, count)
+    return vcount < count and probe is not None and 4 * len(probe(vcount).steps) < flat_steps
+
+
 def verify_flat(flat, count, rebuild, probe=None):
     """Both checks (out of place, in place) of every rank's plan at ``count`` elements, from
     ``flat`` (built with ops=True); returns the engine's name. Above ``verify_count`` elements,
@@ -54,7 +61,7 @@ def verify_flat(flat, count, rebuild, probe=None):
     if vcount < count:
         # atoms save building every plan again, unless the smaller plans are much smaller (pipelined
         # trees: fewer segments); ``probe(n)`` is rank 0's plan at n elements
-        small = probe is not None and 4 * len(probe(vcount).steps) < int(flat.nsteps[0])
+        small = not hasattr(flat, "l_dst") or _small(int(flat.nsteps[0]), flat.p, count, probe)
         atoms = None if small else atomize(flat, limit=4 * vcount + 64)
         if atoms is None:
             flat = _Flat(rebuild(vcount), ops=True)
@@ -146,7 +153,9 @@ def simulate(algorithm, ranks, nbytes, alpha=15e-6, beta=1 / 2.0e9, gamma=1 / 6.
 
 def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, verify_data, record, options):
     plans = build_plans(algorithm, ranks, count, itemsize, topology, **options)
-    flat = _Flat(plans, ops=verify_data)
+    probe = lambda n: build_plan(algorithm, 0, ranks, n, itemsize, topology, **options)  # noqa: E731
+    ops = verify_data and not _small(len(plans[0].steps) if plans else 0, ranks, count, probe)
+    flat = _Flat(plans, ops=ops)  # operations flattened only when the check runs on these plans
     del plans  # the flat arrays hold everything the model and the check read
     finish, links, messages = _time(None, alpha, beta, gamma, itemsize, topology, record, flat=flat)
     result = SimResult(algorithm, ranks, count * itemsize, max(finish) if finish else 0.0, False,
@@ -159,8 +168,7 @@ def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, v
     if verify_data:
         try:
             result.verify_mode = verify_flat(
-                flat, count, lambda n: build_plans(algorithm, ranks, n, itemsize, topology, **options),
-                lambda n: build_plan(algorithm, 0, ranks, n, itemsize, topology, **options))
+                flat, count, lambda n: build_plans(algorithm, ranks, n, itemsize, topology, **options), probe)
             result.verified = True
         except PlanError as exc:
             result.verify_error = str(exc)
