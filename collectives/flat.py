@@ -53,7 +53,6 @@ def build_plans(algorithm, ranks, count, itemsize=4, topology=None, **options):
 # (built by the algorithms' own ``build``) are flattened once into arrays: steps numbered
 # globally (rank r's step s is ``start[r] + s``, with one unused number between ranks),
 # messages in post order with their matching message on the other side, local operations.
-_PAD = {8: (), 6: (0, 0), 4: (0, 0, 0, 0)}
 _first, _last = operator.itemgetter(0), operator.itemgetter(-1)
 
 
@@ -124,8 +123,14 @@ class _Flat:
         self.l_step = np.repeat(gid, np.diff(self.ls))
         nops = len(local)
         if ops:
-            L = np.fromiter(chain.from_iterable(op + _PAD[len(op)] for op in local), np.int64,
-                            8 * nops).reshape(-1, 8)
+            lens = np.fromiter(map(len, local), np.int64, nops)
+            values = np.fromiter(chain.from_iterable(local), np.int64, int(lens.sum()))
+            if nops and (lens == 8).all():
+                L = values.reshape(-1, 8)
+            else:  # FINAL (4) and COPY (6) rows padded to 8 columns with zeros
+                L = np.zeros((nops, 8), np.int64)
+                L[np.repeat(np.arange(nops), lens), np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens)] \
+                    = values
             kind = L[:, 0]
             self.l_kind = kind.copy()
             self.l_dst, self.l_dlo = L[:, 1].copy(), L[:, 2].copy()
