@@ -19,10 +19,12 @@ import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
 
 import collectives
+from collectives import mpilib
 from collectives.ops import DTYPES
+
+MPI = mpilib.load()  # one clear error naming both ways to an MPI library where none loads
 
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
 
@@ -223,7 +225,9 @@ def main(argv=None):
         finally:
             del os.environ["COLLECTIVES_GUARD"]
     if rank == 0:
-        print(f"# collectives {collectives.__version__} allreduce_perf: {n} ranks, {MPI.Get_library_version().splitlines()[0]}")
+        print(f"# collectives {collectives.__version__} allreduce_perf: {n} ranks, MPI library {mpilib.describe()} "
+              f"(native = its MPI_Allreduce), "
+              f"{mpilib.local_ranks() or '?'} ranks on {mpilib.node_cores()} cores of this node")
         print(f"# iters {args.iters} warmup {args.warmup_iters} rounds {args.rounds} (median; a round times a loop of "
               f"iters/rounds calls, more for small messages so that it lasts >= {MIN_BATCH_SECONDS * 1e3:g} ms), "
               f"check {args.check}, "
@@ -338,7 +342,7 @@ def main(argv=None):
         print(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}", flush=True)
     if args.json and rank == 0:
         with open(args.json, "w") as f:
-            json.dump({"ranks": n, "args": vars(args), "records": records,
+            json.dump({"ranks": n, "mpi_library": mpilib.describe(), "args": vars(args), "records": records,
                        "peak_rss_mib": [p / 1024 for p in peaks],
                        "scratch_mib": [x / 2**20 for x in scratches], "shm_window_mib": [w / 2**20 for w in windows],
                        "programs_mib": [b / 2**20 for b, _ in program_bytes]}, f, indent=1)

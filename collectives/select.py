@@ -36,14 +36,21 @@ def choose(comm, nbytes, dtype):
     if hit is None:
         from . import tuning
 
-        table_choice = tuning.lookup(comm.size, nbytes, dtype)
+        library = None
+        if key[3]:  # under MPI the table must have been measured under this library
+            from .mpilib import describe
+
+            library = describe()
+        table_choice = tuning.lookup(comm.size, nbytes, dtype, library)
         if table_choice is not None and table_choice in _algorithms.names():  # a plugin not loaded now
-            hit = (table_choice, "tuning table")
+            hit = (table_choice, f"tuning table, {library}" if library else "tuning table")
         else:
             # shm is left to the tuning table: measured here it trails the ring (see RESULTS.md)
             candidates = [n for n in _algorithms.names() if n != "shm"]
             name, costs = cost_choice(comm.size, nbytes, candidates=candidates)
-            hit = (name, f"cost model ({costs[name] * 1e6:.1f} us predicted)")
+            unused = tuning.mismatch(library) if library else None
+            hit = (name, f"cost model ({costs[name] * 1e6:.1f} us predicted)"
+                   + (f"; {unused}: not used" if unused else ""))
         if len(_choices) > 4096:
             _choices.clear()
         _choices[key] = hit

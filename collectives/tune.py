@@ -11,8 +11,10 @@ slowest rank's time counts) and the median round decides. The fastest algorithm 
 size's entry. Every size keeps its own buffers for the whole run (about 4x ``-e`` per rank in
 all). The table goes to ``-o FILE``, else to ``COLLECTIVES_TUNING``, else to
 ``~/.cache/collectives/tuning.json``; entries for other world sizes or dtypes already in the
-file are kept, so one file can hold tables for several world sizes. Only rank 0 writes
-(atomically: a temporary file, then a rename).
+file are kept, so one file can hold tables for several world sizes of one MPI library: the file
+records the library and version (``mpi_library``) and its eager limit measured between ranks 0
+and 1 (``eager_limit``, collectives.protocol); a file measured under another library is replaced.
+Only rank 0 writes (atomically: a temporary file, then a rename).
 """
 import argparse
 import json
@@ -138,7 +140,7 @@ def tune(comm, args, log=print):
             if root:
                 log(f"# round {round_index + 1} of {args.rounds} done")
         if root:
-            log(f"# {comm.size} ranks, {dtype}: median of {args.rounds} rounds, interleaved across sizes and "
+            log(f"# {_library()}, {comm.size} ranks, {dtype}: median of {args.rounds} rounds, interleaved across sizes and "
                 f"algorithms; time per call in us")
             log("#" + "".join(f"{name[:12]:>13}" for name in ["bytes"] + list(args.algorithms)) + "  best")
         for count in counts:
@@ -153,20 +155,34 @@ def tune(comm, args, log=print):
     return entries
 
 
-def merge(path, entries):
-    """The file's entries for other (world size, dtype) pairs, plus ``entries``."""
+def _library():
+    from .mpilib import describe
+
+    return describe()
+
+
+def merge(path, entries, library=None, eager_limit=None):
+    """The file's entries for other (world size, dtype) pairs, plus ``entries``, as measured under
+    ``library`` (default: this process's MPI library); a file of another library is replaced."""
+    library = library or _library()
     replaced = {(e["size"], e["dtype"]) for e in entries}
     kept = []
     if os.path.exists(path):
         try:
             with open(path) as f:
                 old = json.load(f)
-            if isinstance(old, dict) and old.get("format") == FORMAT and isinstance(old.get("entries"), list):
+            if (isinstance(old, dict) and old.get("format") == FORMAT and isinstance(old.get("entries"), list)
+                    and old.get("mpi_library") == library):
                 kept = [e for e in old["entries"]
                         if isinstance(e, dict) and (e.get("size"), e.get("dtype")) not in replaced]
         except (OSError, ValueError):
             kept = []  # a corrupt file is replaced
-    return {"format": FORMAT, "entries": kept + entries}
+        if eager_limit is None and kept and isinstance(old.get("eager_limit"), int):
+            eager_limit = old["eager_limit"]
+    table = {"format": FORMAT, "mpi_library": library, "entries": kept + entries}
+    if eager_limit is not None:
+        table["eager_limit"] = eager_limit
+    return table
 
 
 def write(path, table):
@@ -180,7 +196,9 @@ def write(path, table):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from mpi4py import MPI
+    from .mpilib import load
+
+    MPI = load()  # one clear error naming both ways to an MPI library where none loads
 
     comm = MPI.COMM_WORLD
     if os.environ.get("COLLECTIVES_ALGO"):
@@ -193,13 +211,22 @@ def main(argv=None):
     from .api import barrier
 
     barrier(comm)  # every rank is here (bounded by COLLECTIVES_TIMEOUT) before any blocking MPI call
+    if comm.rank == 0:
+        print(f"# collectives.tune under {_library()}, {comm.size} ranks")
+    eager = None
+    if comm.size > 1:
+        from . import protocol
+
+        eager = protocol.measure(comm)
+        if comm.rank == 0:
+            print(f"# eager limit between ranks 0 and 1: {eager or 'unknown (no step in time)'} bytes")
     entries = tune(comm, args)
     if comm.rank == 0:
         if args.dry_run:
             print("# --dry-run: nothing written")
         else:
             path = args.output or tuning.path()
-            write(path, merge(path, entries))
+            write(path, merge(path, entries, eager_limit=eager or None))
             print(f"# wrote {len(entries)} entries for {comm.size} ranks to {path}")
     tuning.reload()
     from . import select

@@ -2,7 +2,10 @@
 
 Stored as JSON at COLLECTIVES_TUNING or in the user's cache directory
 (~/.cache/collectives/tuning.json). A missing file means "use the cost model";
-a corrupt or foreign one gives one warning and the same fallback.
+a corrupt or foreign one gives one warning and the same fallback. The file records the MPI
+library it was measured under (``"mpi_library": "Open MPI 5.0.11"``) and that library's measured
+eager limit; under MPI a table measured under another library or version (or one that does not
+say) is not used: the cost model decides, and ``mismatch`` says why.
 """
 import json
 import os
@@ -10,6 +13,7 @@ import threading
 import warnings
 
 _loaded = {}
+_meta = {}  # path -> {"mpi_library": str or None, "eager_limit": int or None}
 _lock = threading.Lock()  # the ranks of a threaded world read the file at once: one read, one warning
 
 
@@ -33,6 +37,7 @@ def _table():
 
 def _read(where):
     table = None
+    _meta[where] = {"mpi_library": None, "eager_limit": None}
     if os.path.exists(where):
         try:
             with open(where) as f:
@@ -50,6 +55,12 @@ def _read(where):
                     raise ValueError(f"entry {index} is malformed ({type(exc).__name__}: {exc})") from None
             for rows in table.values():
                 rows.sort()
+            library, eager = data.get("mpi_library"), data.get("eager_limit")
+            if library is not None and not isinstance(library, str):
+                raise ValueError(f"mpi_library is not a string: {library!r}")
+            if eager is not None and (not isinstance(eager, int) or eager < 0):
+                raise ValueError(f"eager_limit is not a whole number of bytes: {eager!r}")
+            _meta[where] = {"mpi_library": library, "eager_limit": eager}
         except Exception as exc:  # noqa: BLE001 - any bad file falls back to the cost model
             warnings.warn(f"collectives: ignoring tuning file {where}: {exc}; using the cost model",
                           RuntimeWarning, stacklevel=4)
@@ -58,9 +69,31 @@ def _read(where):
     return table
 
 
-def lookup(size, nbytes, dtype):
+def mismatch(library):
+    """Why the table is not used under MPI library ``library`` ("Open MPI 5.0.11"), or None when
+    it is (or there is no table)."""
+    if not _table():
+        return None
+    recorded = _meta.get(path(), {}).get("mpi_library")
+    if recorded == library:
+        return None
+    if recorded is None:
+        return f"tuning table {path()} does not record its MPI library (this is {library}); re-run collectives.tune"
+    return f"tuning table measured under {recorded}, this is {library}"
+
+
+def eager_limit(library):
+    """The eager limit the table recorded for ``library``, or None."""
+    if _table() is None or _meta.get(path(), {}).get("mpi_library") != library:
+        return None
+    return _meta[path()].get("eager_limit")
+
+
+def lookup(size, nbytes, dtype, library=None):
+    """The table's algorithm for the call, or None; ``library`` (under MPI): the table must
+    have been measured under it."""
     table = _table()
-    if not table:
+    if not table or (library is not None and mismatch(library) is not None):
         return None
     rows = table.get((size, str(dtype))) or table.get((size, "*"))
     if not rows:  # tuned for another dtype at this world size: the choice follows the bytes

@@ -5,13 +5,47 @@ Under mpiexec with more than one rank, a failing test aborts the whole job
 collective would otherwise leave them waiting forever. Every test also runs
 under pytest-timeout's thread method (setup.cfg), and tests/run_all.py puts an
 outer timeout around each mpiexec.
+
+Outside mpiexec (a plain ``pytest`` from the checkout), the multi-process tests of tests/mpi
+and tests/tf_mpi are collected without importing them (no MPI start-up, no TensorFlow set-up)
+and each file skips with the reason.
 """
 import os
 import sys
 
 import pytest
 
+from tests.helpers import under_mpiexec
+
 os.environ.setdefault("COLLECTIVES_TIMEOUT", "60")
+HERE = os.path.dirname(os.path.abspath(__file__))
+MULTI_PROCESS = {os.path.join(HERE, "mpi"), os.path.join(HERE, "tf_mpi")}
+NOT_UNDER_MPIEXEC = ("multi-process test, collected outside mpiexec: run it as mpiexec -n 2 python -m mpi4py "
+                     "-m pytest {dir} (tests/run_all.py runs them under each MPI library)")
+
+
+class _MultiProcessFile(pytest.File):
+    """A multi-process test file seen outside mpiexec: one item that skips with the reason."""
+
+    def collect(self):
+        yield _SkippedOutsideMpiexec.from_parent(self, name=self.path.name)
+
+
+class _SkippedOutsideMpiexec(pytest.Item):
+    def setup(self):
+        pytest.skip(NOT_UNDER_MPIEXEC.format(dir=os.path.relpath(self.path.parent, os.path.dirname(HERE))))
+
+    def runtest(self):  # pragma: no cover - setup always skips
+        pass
+
+    def reportinfo(self):
+        return self.path, None, self.name
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if str(module_path.parent) in MULTI_PROCESS and not under_mpiexec():
+        return _MultiProcessFile.from_parent(parent, path=module_path)
+    return None
 
 
 def _mpi_world_size():

@@ -1,5 +1,6 @@
 """Data and references shared by the threaded and MPI tests."""
 import functools
+import os
 
 import numpy as np
 
@@ -52,3 +53,12 @@ def bitwise_equal(a, b):
 
 
 ALL_DTYPES = list(DTYPES)
+
+
+# set by the launchers for every rank: Hydra (MPICH, Intel MPI), Open MPI, PMIx, Slurm's PMI
+LAUNCHER_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+def under_mpiexec():
+    """Whether this process was started by an MPI launcher (mpiexec, srun)."""
+    return any(os.environ.get(name) for name in LAUNCHER_VARIABLES)

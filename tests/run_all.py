@@ -1,7 +1,10 @@
 """Run every test layer and print one summary: the README's test command ends here.
 
 1. single-process tests (threaded worlds, simulator, TensorFlow, GPU skips): plain pytest;
-2. multi-process tests under ``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4.
+2. multi-process tests under ``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4,
+   under MPICH (this environment), then under Open MPI (the PyPI wheel in an environment of
+   its own, made once under ~/.cache/collectives/test-envs, see tests/mpi_envs.py), then under
+   Intel MPI where it is installed; a library that cannot be had skips its layers with the reason.
 
 Each layer runs under an outer timeout, so a hang anywhere ends as a failure, never a stuck CI.
 Every layer runs with TMPDIR set to a directory of its own (removed at the end), and what MPI
@@ -18,6 +21,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "tests"), ROOT]
+import mpi_envs  # noqa: E402
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed|deselected)")
 
 
@@ -32,8 +37,14 @@ RANK_CHUNK = re.compile(r"\[(\d+)\] ")
 PYTEST_SUMMARY = re.compile(r"((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s")
 
 
+# Open MPI's --output tag labels every line: "[1,0]<stdout>: text"
+TAGGED_LINE = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$", re.M)
+
+
 def rank_output(output, rank):
     """One rank's own output, rebuilt from its prefixed chunks wherever they fall in ``output``."""
+    if TAGGED_LINE.search(output):
+        return "\n".join(text for who, text in TAGGED_LINE.findall(output) if int(who) == rank)
     parts = RANK_CHUNK.split(output)
     return "".join(text for who, text in zip(parts[1::2], parts[2::2]) if int(who) == rank)
 
@@ -67,10 +78,11 @@ def snapshot():
     return {d: set(os.listdir(d)) for d in litter_dirs()}
 
 
-def run(label, cmd, timeout, rank=None, tmpdir=None):
+def run(label, cmd, timeout, rank=None, tmpdir=None, extra_env=None):
     print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
     start = time.monotonic()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", COLLECTIVES_TEST_LAYER=f"{os.getpid()}-{label}")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLLECTIVES_TEST_LAYER=f"{os.getpid()}-{label}",
+               **(extra_env or {}))
     if tmpdir is not None:
         env["TMPDIR"] = tmpdir
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -98,33 +110,92 @@ def run(label, cmd, timeout, rank=None, tmpdir=None):
     return counts
 
 
+def mpi_layers(python, launcher, ns, paths, timeout, library=None):
+    """Layers ``mpiexec -n N python -m mpi4py -m pytest PATHS`` under ``python``'s MPI library."""
+    if library is None:
+        try:
+            library = mpi_envs.library_of(python)
+        except Exception as exc:  # noqa: BLE001 - reported as the layer's failure below
+            return [(f"mpiexec ({python})", None, f"mpi4py cannot load an MPI library: {exc}", True)]
+    kind = "openmpi" if "Open MPI" in library else "hydra"
+    from collectives.mpilib import describe, identify
+
+    name = describe(identify(library))
+    layers = []
+    for n in ns:
+        cmd = [launcher] + mpi_envs.launcher_args(kind, n) + [python, "-m", "mpi4py", "-m", "pytest", "-q", "--color=no", "-p",
+                                                             "no:cacheprovider"] + paths
+        label = f"{name}: mpiexec -n {n}" + (" (TensorFlow)" if paths == ["tests/tf_mpi"] else "")
+        layers.append((label, cmd, timeout, mpi_envs.launch_env(kind)))
+    return layers
+
+
+def other_library_layers(kind, log=print):
+    """Open MPI (made here if need be) or Intel MPI (where installed): its layers, or a skip."""
+    if kind == "openmpi":
+        python, reason = mpi_envs.make("openmpi", log)
+        paths, label = OPENMPI_TESTS, "Open MPI"
+    else:
+        python, reason = mpi_envs.impi_python()
+        paths, label = IMPI_TESTS, "Intel MPI"
+    if python is None:
+        return [(f"{label} layers", None, reason, False)]
+    launcher = os.path.join(os.path.dirname(python), "mpiexec")
+    try:
+        library = mpi_envs.library_of(python)
+    except Exception as exc:  # noqa: BLE001
+        return [(f"{label} layers", None, f"mpi4py in {python} cannot load an MPI library: {exc}", True)]
+    if label.split()[0] not in library:
+        return [(f"{label} layers", None, f"{python}'s mpi4py loads {library}, not {label}", True)]
+    return mpi_layers(python, launcher, (1, 2, 3, 4) if kind == "openmpi" else (2, 4), paths, 600, library)
+
+
+# Lean layers under the other libraries: the algorithms against native, reliability (timeouts,
+# aborts, mismatches), the tuner, the library facts; the benchmark and plug-in tests are
+# library-agnostic Python and run under MPICH
+OPENMPI_TESTS = ["tests/mpi/test_mpi_allreduce.py", "tests/mpi/test_mpi_reliability.py",
+                 "tests/mpi/test_mpi_tune.py", "tests/mpi/test_mpi_library.py"]
+IMPI_TESTS = OPENMPI_TESTS
+
+
 def main(argv):
+    if "--make-impi" in argv:
+        python, reason = mpi_envs.make("impi")
+        print(python or reason)
+        return 0 if python else 1
     python = sys.executable
     totals = {"passed": 0, "failed": 0, "skipped": 0}
     layers = [("single-process", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests",
                                   "--ignore=tests/mpi", "--ignore=tests/tf_mpi"] + argv, 2400, None)]
     launcher = mpiexec()
     if launcher is None:
-        print("no mpiexec found: install the package (pip install -e .) to get MPICH", flush=True)
+        print("no mpiexec found: install the package with its MPICH (pip install -e '.[mpich]'), "
+              "or put your MPI's mpiexec on PATH", flush=True)
         totals["failed"] += 1
     else:
-        for n in (1, 2, 3, 4):
-            layers.append((f"mpiexec -n {n}", [launcher, "-prepend-rank", "-n", str(n), python, "-m", "mpi4py",
-                                                "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/mpi"],
-                           600, 0))
+        layers += mpi_layers(python, launcher, (1, 2, 3, 4), ["tests/mpi"], 600)
         if os.path.isdir(os.path.join(ROOT, "tests", "tf_mpi")):
-            layers.append(("mpiexec -n 2 (TensorFlow)", [launcher, "-prepend-rank", "-n", "2", python, "-m",
-                                                         "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                                         "tests/tf_mpi"], 900, 0))
-    sys.path.insert(0, ROOT)
+            layers += mpi_layers(python, launcher, (2,), ["tests/tf_mpi"], 900)
+    layers += ["openmpi", "impi"]  # made (or found) when their turn comes
     from collectives import cleanup
 
     before = snapshot()
     tmpdir = tempfile.mkdtemp(prefix="collectives-tests-")
+    os.environ["TMPDIR"] = tmpdir  # also for pip making the Open MPI environment, and Open MPI's singletons
     try:
-        for label, cmd, timeout, rank in layers:
+        while layers:
+            layer = layers.pop(0)
+            if isinstance(layer, str):
+                layers[:0] = other_library_layers(layer)
+                continue
+            label, cmd, timeout, extra = layer
+            if cmd is None:  # a library that cannot be had: (label, None, reason, failed) skips or fails
+                reason, failed = timeout, extra
+                print(f"\n=== {label}: {'FAILED' if failed else 'skipped'}: {reason}", flush=True)
+                totals["failed" if failed else "skipped"] += 1
+                continue
             known = set(cleanup.candidates())
-            counts = run(label, cmd, timeout, rank, tmpdir)
+            counts = run(label, cmd, timeout, None if label == "single-process" else 0, tmpdir, extra)
             removed = cleanup.remove_stale(set(cleanup.candidates()) - known)
             if removed:
                 print(f"=== {label}: removed {len(removed)} entries its aborted MPI jobs left: "

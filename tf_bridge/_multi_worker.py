@@ -24,7 +24,9 @@ def tf_config_from_mpi(comm=None):
     Every rank picks a free port; the addresses are exchanged with mpi4py. Ranks that
     all run on one node use 127.0.0.1; otherwise each rank's host name.
     """
-    from mpi4py import MPI
+    from collectives.mpilib import load
+
+    MPI = load()  # one clear error naming both ways to an MPI library where none loads
 
     comm = MPI.COMM_WORLD if comm is None else comm
     # every rank must be here before mpi4py's blocking all-gathers: bounded by COLLECTIVES_TIMEOUT

@@ -12,27 +12,21 @@ import os
 import time
 import weakref
 
-from mpi4py import MPI
 from numpy import ndarray as _ndarray
 
-from .. import config
+from .. import config, mpilib
 from ..errors import CollectiveError, CollectiveTimeout, MismatchError
 from .base import Communicator, check_received, foreign_message
+
+MPI = mpilib.load()  # one ImportError naming both ways to an MPI library where none loads
 
 
 
 def _ranks_per_core():
-    """Ranks of this job on this node per usable core, from the launcher's environment
-    (MPICH/Hydra: MPI_LOCALNRANKS; Open MPI: OMPI_COMM_WORLD_LOCAL_SIZE); 0 when unknown."""
-    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE"):
-        value = os.environ.get(name)
-        if value and value.isdigit():
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except (AttributeError, OSError):  # pragma: no cover - not Linux
-                cores = os.cpu_count() or 1
-            return int(value) / max(1, cores)
-    return 0
+    """Ranks of this job on this node per core of the node available to the job (0 when the
+    launcher does not say): judged from the node's cores, not this rank's affinity mask, which
+    a pinning launcher (Open MPI, Intel MPI, -bind-to core) narrows to one core."""
+    return mpilib.ranks_per_core()
 
 
 # Seconds of pure polling before a waiting rank starts yielding its core between polls. With
@@ -51,9 +45,17 @@ _waitall = MPI.Request.Waitall
 
 
 # Largest message the MPI library sends eagerly between ranks of one node (at once into shared
-# cells, no handshake with the receiver), or 0 where unknown. Measured with MPICH 5.0.2 here: an
-# 8,100-byte Sendrecv takes 2.1 us, 8,192 bytes 4.9 us. COLLECTIVES_EAGER_LIMIT overrides it.
-_DEFAULT_EAGER_LIMIT = 8000 if "MPICH" in MPI.Get_library_version() else 0
+# cells, no handshake with the receiver), for this library only, or 0 where unknown: measured
+# (collectives.protocol; the tuning table records it), see mpilib.eager_limit.
+# COLLECTIVES_EAGER_LIMIT overrides it.
+_DEFAULT_EAGER_LIMIT = None  # found when the first program is prepared
+
+
+def _eager_limit():
+    global _DEFAULT_EAGER_LIMIT
+    if _DEFAULT_EAGER_LIMIT is None:
+        _DEFAULT_EAGER_LIMIT = mpilib.eager_limit()
+    return config.eager_limit(_DEFAULT_EAGER_LIMIT)
 
 
 def _pieces(peer, buf, chan, limit):
@@ -382,7 +384,24 @@ def _abort_unless_raise(mpi_comm, exc):
         # the launcher forwards a rank's output asynchronously and drops what is in flight when
         # the abort kills the job: a moment for these lines to get out first
         time.sleep(0.2)
+        _exit_if_abort_hangs()
         mpi_comm.Abort(1)
+
+
+ABORT_GRACE = 10  # seconds MPI_Abort gets to end this process before the kernel does
+
+
+def _exit_if_abort_hangs():
+    """MPI_Abort can hang where the launcher cannot be reached (a host cut off by a network
+    partition: the rank spins in MPI_Abort forever). An alarm whose default action ends the
+    process bounds it; it needs no Python code to run (MPI_Abort may never let go)."""
+    import signal
+
+    try:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    except ValueError:  # not the main thread: the handler cannot change, the alarm is still set
+        pass
+    signal.alarm(ABORT_GRACE)
 
 
 # A creation that timed out leaves its MPI_Comm_idup pending (MPI cannot cancel it); kept here.
@@ -464,7 +483,7 @@ class _PreparedStep:
         self.mpi_comm, self.tag = comm.mpi_comm, tag
         self.prober = comm if comm.signed else None
         # the messages as they travel (a message just past the eager limit as two pieces)
-        limit = config.eager_limit(_DEFAULT_EAGER_LIMIT)
+        limit = _eager_limit()
         self.recvs = [piece for message in recvs for piece in _pieces(*message, limit)]
         self.sends = [piece for message in sends for piece in _pieces(*message, limit)]
         self.requests = self._make(self.recvs, self.sends)

@@ -125,18 +125,22 @@ def test_messages_just_past_the_eager_limit_travel_in_two_pieces_and_stay_exact(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("limit, requests", [(None, 4), ("0", 2)])
 def test_a_prepared_steps_requests_follow_the_eager_limit(monkeypatch, limit, requests):
-    """At n=2 recursive doubling on 9,600 B is one exchange step of one message each way: four
-    persistent requests under MPICH's default limit (two pieces each way), two with it off."""
+    """At n=2 recursive doubling on 1.5x this library's eager limit is one exchange step of one
+    message each way: four persistent requests under the library's limit (two pieces each way),
+    two with it off."""
+    from collectives import mpilib
     from collectives.comm import mpi as mpi_comm
 
-    if WORLD.size != 2 or not mpi_comm._DEFAULT_EAGER_LIMIT:
-        pytest.skip("needs two ranks and MPICH's measured eager limit")
-    if limit is None:
-        monkeypatch.delenv("COLLECTIVES_EAGER_LIMIT", raising=False)
-    else:
+    monkeypatch.delenv("COLLECTIVES_EAGER_LIMIT", raising=False)
+    eager = mpi_comm._eager_limit()
+    if WORLD.size != 2 or not eager:
+        pytest.skip(f"needs two ranks and a measured eager limit ({mpilib.describe()}: "
+                    f"{eager} B; python -m collectives.protocol measures it)")
+    if limit is not None:
         monkeypatch.setenv("COLLECTIVES_EAGER_LIMIT", limit)
+    count = eager * 3 // 2 // 4
     sub = WORLD.Dup()
-    y = collectives.allreduce(np.ones(2400, np.float32), comm=sub, algorithm="recursive_doubling")
+    y = collectives.allreduce(np.ones(count, np.float32), comm=sub, algorithm="recursive_doubling")
     steps = [step for step in list(mpi_comm._live_steps) if step.mpi_comm is collectives.as_comm(sub).mpi_comm]
     counts = sorted(len(step.requests) for step in steps)
     sub.Free()

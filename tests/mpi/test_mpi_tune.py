@@ -10,7 +10,7 @@ pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
 import collectives  # noqa: E402
-from collectives import select, tune, tuning  # noqa: E402
+from collectives import mpilib, select, tune, tuning  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -37,7 +37,7 @@ def table_path(tmp_path_factory, monkeypatch):
 def test_tune_writes_a_table_that_auto_follows(table_path):
     if WORLD.rank == 0:  # another world size's entry, which tuning must keep
         with open(table_path, "w") as f:
-            json.dump({"format": tune.FORMAT, "entries": [
+            json.dump({"format": tune.FORMAT, "mpi_library": mpilib.describe(), "entries": [
                 {"size": WORLD.size + 100, "dtype": "float32", "nbytes": 8, "algorithm": "ring"}]}, f)
     WORLD.Barrier()
     code = tune.main(["-b", "8", "-e", "4K", "-f", "8", "-r", "1", "--round-ms", "1",
@@ -50,6 +50,7 @@ def test_tune_writes_a_table_that_auto_follows(table_path):
     ok = ok and all(e["algorithm"] in ("ring", "recursive_doubling", "tree") for e in mine)
     ok = ok and all(e["algorithm"] == min(e["times_us"], key=e["times_us"].get) for e in mine)
     ok = ok and any(e["size"] == WORLD.size + 100 for e in table["entries"])
+    ok = ok and table["mpi_library"] == mpilib.describe()  # the table names the library it was measured under
     agree(ok, f"unexpected table {table}")
     # auto follows the table, whatever the cost model would say: plant a choice and check it is used
     if WORLD.rank == 0:
