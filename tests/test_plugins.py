@@ -229,7 +229,7 @@ def test_forced_by_environment_and_simulated(examples, monkeypatch):
     assert r.verified and r.steps == 2 * 4
 
 
-def test_auto_uses_a_registered_cost(monkeypatch, tmp_path):
+def test_auto_uses_a_registered_cost(monkeypatch):
     from collectives import select
 
     monkeypatch.setenv("COLLECTIVES_TUNING", os.path.join(os.devnull, "none.json"))  # no table
