@@ -111,8 +111,8 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
                 latest[rank] = lat
                 outstanding[rank] = m - k
                 cur[rank] = g
-                for i in range(ss[g], ss[g + 1]):
-                    push(heap, (when, seq, i))
+                if ss[g + 1] > ss[g]:  # the step's sends start in post order: one heap entry for all
+                    push(heap, (when, seq, g))
                     seq += 1
                 return
             when += wt[g]
@@ -123,54 +123,55 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
     for rank in range(p):
         advance(rank, first[rank], 0.0)
     while heap:
-        ready, _, i = pop(heap)
-        src = s_src[i]
-        dst = s_dst[i]
-        start = ready
-        if send_free[src] > start:
-            start = send_free[src]
-        if recv_free[dst] > start:
-            start = recv_free[dst]
-        if nic_arr is not None and nic_arr[i]:
-            ns_, nd_ = src // kpn, dst // kpn
-            start = max(start, nic_s[ns_], nic_r[nd_])
-            end = start + dur[i]
-            nic_s[ns_] = end
-            nic_r[nd_] = end
-        else:
-            end = start + dur[i]
-        send_free[src] = end
-        recv_free[dst] = end
-        if record:
-            messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
-        # the sender's step: one message fewer to wait for
-        if end >= latest[src]:
-            latest[src] = end
-            cause[src] = 2 * dst
-        outstanding[src] -= 1
-        if not outstanding[src]:
-            g = cur[src]
-            link_cause[g] = cause[src]
-            link_time[g] = done = latest[src]
-            advance(src, g + 1, done + wt[g])
-        # the receiver's, if it is there yet; else the message waits for it
-        g = s_rg[i]
-        if cur[dst] == g and outstanding[dst] > 0:
-            if end >= latest[dst]:
-                latest[dst] = end
-                cause[dst] = 2 * src + 1
-            outstanding[dst] -= 1
-            if not outstanding[dst]:
-                link_cause[g] = cause[dst]
-                link_time[g] = done = latest[dst]
-                advance(dst, g + 1, done + wt[g])
-        else:
-            why = 2 * src + 1
-            early_n[g] += 1
-            early_last[g] = why
-            if end >= early_end[g]:
-                early_end[g] = end
-                early_max[g] = why
+        ready, _, step = pop(heap)
+        for i in range(ss[step], ss[step + 1]):
+            src = s_src[i]
+            dst = s_dst[i]
+            start = ready
+            if send_free[src] > start:
+                start = send_free[src]
+            if recv_free[dst] > start:
+                start = recv_free[dst]
+            if nic_arr is not None and nic_arr[i]:
+                ns_, nd_ = src // kpn, dst // kpn
+                start = max(start, nic_s[ns_], nic_r[nd_])
+                end = start + dur[i]
+                nic_s[ns_] = end
+                nic_r[nd_] = end
+            else:
+                end = start + dur[i]
+            send_free[src] = end
+            recv_free[dst] = end
+            if record:
+                messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
+            # the sender's step: one message fewer to wait for
+            if end >= latest[src]:
+                latest[src] = end
+                cause[src] = 2 * dst
+            outstanding[src] -= 1
+            if not outstanding[src]:
+                g = cur[src]
+                link_cause[g] = cause[src]
+                link_time[g] = done = latest[src]
+                advance(src, g + 1, done + wt[g])
+            # the receiver's, if it is there yet; else the message waits for it
+            g = s_rg[i]
+            if cur[dst] == g and outstanding[dst] > 0:
+                if end >= latest[dst]:
+                    latest[dst] = end
+                    cause[dst] = 2 * src + 1
+                outstanding[dst] -= 1
+                if not outstanding[dst]:
+                    link_cause[g] = cause[dst]
+                    link_time[g] = done = latest[dst]
+                    advance(dst, g + 1, done + wt[g])
+            else:
+                why = 2 * src + 1
+                early_n[g] += 1
+                early_last[g] = why
+                if end >= early_end[g]:
+                    early_end[g] = end
+                    early_max[g] = why
     stuck = [r for r in range(p) if cur[r] < last[r]]
     if stuck:
         raise PlanError(f"deadlock: ranks {stuck[:8]} never finish (step {cur[stuck[0]] - first[stuck[0]]})")
