@@ -35,8 +35,10 @@ def load():
         if getattr(exc, "name", None) in ("mpi4py", "mpi4py.MPI") or "mpi4py" in str(exc):
             raise ImportError(INSTALL_HELP.format(cause=f"mpi4py: {exc}")) from exc
         raise
-    except RuntimeError as exc:  # mpi4py 4: "cannot load MPI library"
-        cause = " ".join(str(exc).split())
+    except RuntimeError as exc:  # mpi4py 4: "cannot load MPI library", then each path it tried
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        tried = [line.split(":")[0] for line in lines if "cannot load MPI library" not in line]
+        cause = "cannot load MPI library" + (f"; tried {', '.join(tried)}" if tried else "")
         raise ImportError(INSTALL_HELP.format(cause=f"mpi4py: {cause}")) from exc
     return MPI
 
@@ -164,6 +166,7 @@ def ranks_per_core(environ=None, cores=None):
 MEASURED_EAGER_LIMITS = {
     ("MPICH", "5.0.2"): 8000,  # 6,912 B: 3.7 us a Sendrecv each way, 8,192 B: 7.4 us (8,064 found)
     ("Open MPI", "5.0.11"): 3968,  # 3,456 B: 2.3 us, 4,096 B: 5.4 us (bisected: 3,968 - 4,032)
+    ("Intel MPI", "2021.18.1"): 0,  # no step from 1 KiB to 256 KiB (largest x1.28): nothing to split
 }
 
 
