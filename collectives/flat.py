@@ -108,9 +108,9 @@ class _Flat:
         self.s_peer, self.s_buf, self.s_lo, self.s_hi, self.s_chan = S.T.copy()  # rows: contiguous
         self.r_peer, self.r_buf, self.r_lo, self.r_hi, self.r_chan = R.T.copy()
         del S, R
-        for peer, rank, step, buf, lo, verb in ((self.s_peer, self.s_rank, self.s_step, self.s_buf, self.s_lo, "sends to"),
-                                                (self.r_peer, self.r_rank, self.r_step, self.r_buf, self.r_lo,
-                                                 "receives from")):
+        for peer, rank, step, buf, lo, verb in (
+                (self.s_peer, self.s_rank, self.s_step, self.s_buf, self.s_lo, "sends to"),
+                (self.r_peer, self.r_rank, self.r_step, self.r_buf, self.r_lo, "receives from")):
             bad = np.flatnonzero((peer < 0) | (peer >= p))
             if bad.size:
                 k = int(bad[0])

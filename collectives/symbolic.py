@@ -180,7 +180,8 @@ class _Verifier(StaticChecks):
         lost = np.flatnonzero(f.s_match < 0)
         if lost.size:
             i = int(lost[0])
-            self.fail(f.s_step[i], f"sends {int(getattr(f, 'real', f).s_len[i])} elements to rank {int(f.s_peer[i])} on channel "
+            n = int(getattr(f, "real", f).s_len[i])  # on atoms, the real length
+            self.fail(f.s_step[i], f"sends {n} elements to rank {int(f.s_peer[i])} on channel "
                                    f"{int(f.s_chan[i])}, a message rank {int(f.s_peer[i])} never receives",
                       f.s_buf[i], f.s_lo[i])
         self.check_outputs()
@@ -195,7 +196,8 @@ class _Verifier(StaticChecks):
             for j in range(int(f.rs[g]), int(f.rs[g + 1])):
                 m = int(f.r_match[j])
                 if m < 0:
-                    return self.error(f"receives {int(getattr(f, 'real', f).r_len[j])} elements from rank {int(f.r_peer[j])} on "
+                    n = int(getattr(f, "real", f).r_len[j])  # on atoms, the real length
+                    return self.error(f"receives {n} elements from rank {int(f.r_peer[j])} on "
                                       f"channel {int(f.r_chan[j])}, a message rank {int(f.r_peer[j])} never "
                                       f"sends: it waits forever", g=g, buffer=f.r_buf[j], element=f.r_lo[j])
                 if cur[f.s_rank[m]] < f.s_step[m]:

@@ -171,7 +171,8 @@ def test_register_refuses_taken_and_reserved_names_and_replaces_on_request():
     with pytest.raises(TypeError, match="lacks cost"):
         collectives.register_algorithm(types.SimpleNamespace(NAME="x", OPTIONS={}, build=exchange))
     bad = broken(lambda b, r, s, c, t: b.reduce(OUT, 0, OUT, 0, TMP, t, c), name="doubled")
-    with pytest.raises(PlanError, match="doubled, 1 rank, count 1, out of place: rank 0, step 1/1, OUT.0.: the element is reduced twice"):
+    with pytest.raises(PlanError, match="doubled, 1 rank, count 1, out of place: rank 0, step 1/1, OUT.0.: "
+                                        "the element is reduced twice"):
         collectives.register_algorithm(bad)
     assert "doubled" not in collectives.algorithms()
     ring = collectives.plugins._registry.get("ring")
