@@ -53,7 +53,8 @@ def make(name, log=print):
         if not os.path.exists(python):
             subprocess.run([sys.executable, "-m", "venv", where], check=True, capture_output=True, text=True,
                            timeout=120)
-        proc = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + PACKAGES[name],
+        proc = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--retries", "2"]
+                              + PACKAGES[name],
                               capture_output=True, text=True, timeout=MAKE_TIMEOUT)
     except subprocess.TimeoutExpired:
         return None, f"pip install into {where} took over {MAKE_TIMEOUT} s"
