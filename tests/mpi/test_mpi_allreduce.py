@@ -98,16 +98,20 @@ def test_wrapped_communicators_and_splits():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("algorithm", collectives.algorithms())
-def test_messages_just_past_the_eager_limit_travel_in_two_pieces_and_stay_exact(algorithm):
-    """8-16 KiB messages of prepared programs go as two pieces on one tag (MPICH: past its eager
-    limit): odd and even element counts, 1- to 8-byte elements, repeated calls, in place."""
+def test_messages_just_past_the_eager_limit_travel_in_pieces_and_stay_exact(algorithm):
+    """8-16 KiB messages of prepared programs go as pieces within the eager limit on one tag
+    (MPICH: past its 8,000 B): odd and even element counts, 1- to 8-byte elements, repeated
+    calls, in place."""
     from collectives.comm import mpi as mpi_comm
 
     split = mpi_comm._pieces(0, np.empty(2001, np.int32), 0, 8000)
-    assert [piece.size for _, piece, _ in split] == [1001, 1000]
+    assert [piece.size for _, piece, _ in split] == [1000, 1001]
     assert np.shares_memory(split[0][1], split[1][1]) is False
     assert len(mpi_comm._pieces(0, np.empty(2000, np.int32), 0, 8000)) == 1  # 8,000 B: eager as it is
-    assert len(mpi_comm._pieces(0, np.empty(4001, np.int32), 0, 8000)) == 1  # past twice the limit
+    three = mpi_comm._pieces(0, np.empty(4001, np.int32), 0, 8000)  # past twice the limit: three pieces
+    assert [p.size for _, p, _ in three] == [1333, 1334, 1334] and all(p.nbytes <= 8000 for _, p, _ in three)
+    assert len(mpi_comm._pieces(0, np.empty(3, np.float64), 0, 12)) == 3  # pieces hold whole elements
+    assert len(mpi_comm._pieces(0, np.empty(8001, np.int32), 0, 8000)) == 1  # past MAX_PIECES: whole
     assert len(mpi_comm._pieces(0, np.empty(2001, np.int32), 0, 0)) == 1  # 0: off
     ok, why = True, ""
     for dtype, count in ((np.int8, 8001), (np.int32, 2001), (np.float64, 1999), (np.int64, 2000)):
@@ -123,11 +127,11 @@ def test_messages_just_past_the_eager_limit_travel_in_two_pieces_and_stay_exact(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("limit, requests", [(None, 4), ("0", 2)])
-def test_a_prepared_steps_requests_follow_the_eager_limit(monkeypatch, limit, requests):
+@pytest.mark.parametrize("times, limit, requests", [(1.5, None, 4), (1.5, "0", 2), (2.5, None, 6)])
+def test_a_prepared_steps_requests_follow_the_eager_limit(monkeypatch, times, limit, requests):
     """At n=2 recursive doubling on 1.5x this library's eager limit is one exchange step of one
     message each way: four persistent requests under the library's limit (two pieces each way),
-    two with it off."""
+    two with it off; on 2.5x the limit, three pieces each way."""
     from collectives import mpilib
     from collectives.comm import mpi as mpi_comm
 
@@ -138,7 +142,9 @@ def test_a_prepared_steps_requests_follow_the_eager_limit(monkeypatch, limit, re
                     f"{eager} B; python -m collectives.protocol measures it)")
     if limit is not None:
         monkeypatch.setenv("COLLECTIVES_EAGER_LIMIT", limit)
-    count = eager * 3 // 2 // 4
+    count = int(eager * times) // 4
+    if count * 4 > collectives.api.PROGRAM_MAX_BYTES:
+        pytest.skip(f"{count * 4} B is past the small-message programs ({mpilib.describe()}'s limit: {eager} B)")
     sub = WORLD.Dup()
     y = collectives.allreduce(np.ones(count, np.float32), comm=sub, algorithm="recursive_doubling")
     steps = [step for step in list(mpi_comm._live_steps) if step.mpi_comm is collectives.as_comm(sub).mpi_comm]
