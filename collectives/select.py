@@ -15,6 +15,10 @@ from . import config
 ALPHA = 15e-6
 BETA = 1 / 2.0e9
 GAMMA = 1 / 6.0e9
+# Between hosts, where nothing better is known: a 10 Gbit/s Ethernet link per host, TCP latency.
+# beta is per byte of one host's link, which the host's ranks share.
+ALPHA_INTER = 30e-6
+BETA_INTER = 1 / 1.25e9
 
 _log = logging.getLogger("collectives")
 _choices = {}
@@ -30,8 +34,51 @@ def cost_choice(size, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, candidates=No
     return min(costs, key=costs.get), costs
 
 
+def topology(comm):
+    """(hosts, ranks per host) of ``comm``: the ranks of each host, hosts in order of their first rank."""
+    colors = comm.node_colors()
+    members = {}
+    for rank, color in enumerate(colors):
+        members.setdefault(color, []).append(rank)
+    return tuple(tuple(ranks) for ranks in members.values())
+
+
+def describe_topology(hosts):
+    counts = [len(h) for h in hosts]
+    per_host = str(counts[0]) if len(set(counts)) == 1 else ",".join(map(str, counts))
+    return f"{len(hosts)} host{'s' if len(hosts) > 1 else ''} x {per_host} rank{'s' if max(counts) > 1 else ''}"
+
+
+def two_level_choice(hosts, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, alpha_inter=ALPHA_INTER,
+                     beta_inter=BETA_INTER, candidates=None):
+    """(name, {name: predicted seconds}) across hosts: algorithms that know hosts (two_level,
+    hierarchical_copy) get the intra- and inter-host parameters; a flat algorithm pays the
+    inter-host ones on every step, its ranks sharing each host's link."""
+    size = sum(len(h) for h in hosts)
+    groups = [0] * size
+    for index, ranks in enumerate(hosts):
+        for rank in ranks:
+            groups[rank] = index
+    groups = tuple(groups)
+    sharing = max(len(h) for h in hosts)
+    costs = {}
+    for name in candidates or _algorithms.names():
+        module = _algorithms.get(name)
+        if name == "two_level":
+            costs[name] = module.cost(size, nbytes, alpha, beta, gamma, groups=groups, alpha_inter=alpha_inter,
+                                      beta_inter=beta_inter)
+        elif name == "hierarchical_copy":
+            costs[name] = module.cost(size, nbytes, alpha, beta, gamma, group_size=sharing,
+                                      alpha_inter=alpha_inter, beta_inter=beta_inter)
+        else:
+            costs[name] = module.cost(size, nbytes, alpha_inter, beta_inter * sharing, gamma)
+    return min(costs, key=costs.get), costs
+
+
 def choose(comm, nbytes, dtype):
-    key = (comm.size, nbytes, dtype, getattr(comm, "mpi_comm", None) is not None)
+    mpi = getattr(comm, "mpi_comm", None) is not None
+    hosts = topology(comm) if mpi and comm.size > 1 else ((tuple(range(comm.size)),))
+    key = (comm.size, nbytes, dtype, mpi, hosts)
     hit = _choices.get(key)
     if hit is None:
         from . import tuning
@@ -44,9 +91,16 @@ def choose(comm, nbytes, dtype):
         table_choice = tuning.lookup(comm.size, nbytes, dtype, library)
         if table_choice is not None and table_choice in _algorithms.names():  # a plugin not loaded now
             hit = (table_choice, f"tuning table, {library}" if library else "tuning table")
+        elif len(hosts) > 1:
+            # across hosts: the two-level cost model (shm never spans hosts)
+            candidates = [n for n in _algorithms.names() if n != "shm"]
+            name, costs = two_level_choice(hosts, nbytes, candidates=candidates)
+            unused = tuning.mismatch(library) if library else None
+            hit = (name, f"two-level cost model, {describe_topology(hosts)} ({costs[name] * 1e6:.1f} us predicted)"
+                   + (f"; {unused}: not used" if unused else ""))
         else:
             # shm is left to the tuning table: measured here it trails the ring (see RESULTS.md)
-            candidates = [n for n in _algorithms.names() if n != "shm"]
+            candidates = [n for n in _algorithms.names() if n not in ("shm", "two_level")]
             name, costs = cost_choice(comm.size, nbytes, candidates=candidates)
             unused = tuning.mismatch(library) if library else None
             hit = (name, f"cost model ({costs[name] * 1e6:.1f} us predicted)"

@@ -19,7 +19,7 @@ import threading
 from ._options import normalize
 
 _MODULES = ["ring", "tree", "double_binary_tree", "recursive_doubling", "rabenseifner",
-            "hierarchical_copy", "reduce_to_one", "shm"]
+            "hierarchical_copy", "reduce_to_one", "shm", "two_level"]
 BUILTIN = tuple(_MODULES)
 _REGISTRY = {}
 _lock = threading.RLock()

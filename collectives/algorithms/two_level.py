@@ -1,0 +1,153 @@
+"""Two-level all-reduce: reduce-scatter inside each host, all-reduce across hosts by every local
+rank at once, all-gather inside each host.
+
+Idea (Horovod's hierarchical all-reduce, with the inter-host step spread over every local rank):
+ranks form H hosts (nodes, from the MPI shared-memory split, or ``groups`` given). The buffer is
+cut into B blocks, B the fewest ranks any host has. Inside each host a ring reduce-scatter
+leaves block j, reduced over the host, at the host's local rank j (local ranks from B on get
+empty blocks). Then the H ranks with local index j, one per host, all-reduce block j with a flat
+algorithm (``inter``: ``ring``, ``recursive_doubling``, ``rabenseifner`` or
+``double_binary_tree``); B such all-reduces run at once, so every local rank carries a share of
+the traffic between hosts instead of one leader. Last, a ring all-gather inside each host.
+
+Steps: 2(K-1) inside a host of K ranks, plus the inter algorithm's steps over H ranks
+(ring: 2(H-1)).
+Bytes per rank: 2(K-1)/K N inside the host (ring reduce-scatter and all-gather), plus the inter
+algorithm's bytes for N/B (ring: 2(H-1)/H N/B) across hosts; a host's link carries 2(H-1)/H N in
+all, the least any all-reduce can send across it.
+Cost (even hosts of K, ring inter): 2(K-1) alpha_intra + 2(K-1)/K N beta_intra
++ 2(H-1) alpha_inter + 2(H-1)/H N/K beta_inter_per_rank + ((K-1)/K + (H-1)/H / K) N gamma,
+where the K ranks of a host share its link (K x beta_inter_per_rank = the link's beta).
+Limits: uneven hosts use as many blocks as the smallest host has ranks, so the local ranks
+past that count only reduce and gather inside their host; with one host it is a ring.
+Reference: A. Sergeev and M. Del Balso, "Horovod: fast and easy distributed deep learning in
+TensorFlow", arXiv:1802.05799 (2018), and Horovod's hierarchical allreduce; NCCL's tree/ring
+split between intra- and inter-node steps.
+"""
+from ..plan import OUT, PlanBuilder, block_bounds
+from .. import phases as _phases
+from . import double_binary_tree as _dbt
+from ._options import Option
+
+NAME = "two_level"
+INTER = ("ring", "recursive_doubling", "rabenseifner", "double_binary_tree")
+
+
+def _check_inter(value):
+    if value not in INTER:
+        raise ValueError(f"two_level option inter must be one of {', '.join(INTER)}, got {value!r}")
+    return value
+
+
+def _check_groups(value):
+    if value is None:
+        return None
+    try:
+        groups = tuple(int(g) for g in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"two_level option groups must be a sequence of host numbers, got {value!r}") from None
+    if not groups or min(groups) < 0:
+        raise ValueError(f"two_level option groups must be host numbers >= 0, got {value!r}")
+    return groups
+
+
+OPTIONS = {"inter": Option("ring", _check_inter, "the flat all-reduce across hosts: " + ", ".join(INTER)),
+           "groups": Option(None, _check_groups, "the host of every rank (a sequence of ints); default: "
+                                                 "the communicator's shared-memory nodes")}
+
+
+def resolve(options, comm):
+    """The host of every rank, from the communicator's node grouping unless given."""
+    groups = options.get("groups")
+    if groups is None:
+        colors = comm.node_colors()
+        order = {c: k for k, c in enumerate(dict.fromkeys(colors))}
+        groups = tuple(order[c] for c in colors)
+    else:
+        groups = tuple(int(g) for g in groups)
+        if len(groups) != comm.size:
+            raise ValueError(f"two_level option groups needs one entry per rank ({comm.size}), got {len(groups)}")
+    return {"inter": options.get("inter", "ring"), "groups": groups}
+
+
+def hosts_of(groups):
+    """The ranks of every host, hosts in order of their first rank."""
+    members = {}
+    for rank, group in enumerate(groups):
+        members.setdefault(group, []).append(rank)
+    return list(members.values())
+
+
+def build(rank, size, count, itemsize=1, groups=None, inter="ring"):
+    groups = (0,) * size if groups is None else tuple(groups)
+    hosts = hosts_of(groups)
+    mine = next(h for h in hosts if rank in h)
+    local = mine.index(rank)
+    b = PlanBuilder(NAME, rank, size, count)
+    if len(hosts) == 1:  # one host: a ring all-reduce
+        bounds = block_bounds(count, size)
+        _phases.ring_reduce_scatter(b, mine, bounds)
+        _phases.ring_allgather(b, mine, bounds)
+        return b.build()
+    blocks = min(len(h) for h in hosts)
+    bounds = block_bounds(count, blocks).tolist()
+    host_bounds = bounds + [count] * (len(mine) - blocks)  # local ranks past `blocks` get no block
+    # reduce-scatter inside the host
+    _phases.ring_reduce_scatter(b, mine, host_bounds, final=False)
+    # all-reduce across hosts: local rank j with its counterparts, block j
+    if local < blocks:
+        peers = [h[local] for h in hosts]
+        _across(b, inter, peers, bounds[local], bounds[local + 1], itemsize)
+    # all-gather inside the host
+    _phases.ring_allgather(b, mine, host_bounds)
+    return b.build()
+
+
+def _across(b, inter, peers, lo, hi, itemsize):
+    """Flat all-reduce of OUT[lo:hi] over ``peers`` (this rank among them), FINAL applied."""
+    m = len(peers)
+    parts = [lo + x for x in block_bounds(hi - lo, m).tolist()]
+    if inter == "ring":
+        _phases.ring_reduce_scatter(b, peers, parts, src=OUT)
+        _phases.ring_allgather(b, peers, parts)
+    elif inter == "recursive_doubling":
+        _phases.recursive_doubling(b, peers, lo, hi, src=OUT)
+    elif inter == "rabenseifner":
+        _phases.halving_doubling(b, peers, parts, src=OUT)
+    else:  # double binary tree over positions 0..m-1 of ``peers``
+        position = peers.index(b.rank)
+        half = lo + (hi - lo + 1) // 2
+        segment = max(1, _dbt.DEFAULT_SEGMENT_BYTES // itemsize)
+        max_depth = m.bit_length()
+        links = [_dbt.tree_links(tree, position, m) for tree in (0, 1)]
+        depths = [_dbt.tree_depth(tree, position, m) for tree in (0, 1)]
+
+        def peer(p):
+            return None if p is None else peers[p]
+
+        for phase in (_phases.tree_reduce, _phases.tree_broadcast):
+            tracks = b.tracks(2)
+            for tree, (track, (a, z)) in enumerate(zip(tracks, [(lo, half), (half, hi)])):
+                parent, children = links[tree]
+                extra = {"src": OUT} if phase is _phases.tree_reduce else {}
+                phase(track, peer(parent), [peers[c] for c in children], _phases.segments(a, z, segment),
+                      depths[tree], max_depth, chan=tree, **extra)
+            b.join(tracks)
+
+
+def cost(p, nbytes, alpha, beta, gamma, groups=None, inter="ring", alpha_inter=None, beta_inter=None):
+    """Seconds for ``nbytes`` on ``p`` ranks; with ``groups`` and inter-host parameters (beta_inter:
+    seconds per byte of one host's link, shared by its ranks) the two-level model, else one level."""
+    hosts = hosts_of(groups) if groups is not None else [list(range(p))]
+    if len(hosts) == 1 or alpha_inter is None:
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta + (p - 1) / p * nbytes * gamma
+    k = min(len(h) for h in hosts)
+    kmax = max(len(h) for h in hosts)
+    h = len(hosts)
+    intra = 2 * (kmax - 1) * alpha + 2 * (kmax - 1) / kmax * nbytes * beta
+    share = nbytes / k
+    steps = {"ring": 2 * (h - 1), "recursive_doubling": max(1, (h - 1).bit_length()),
+             "rabenseifner": 2 * max(1, (h - 1).bit_length()), "double_binary_tree": 2 * max(1, (h - 1).bit_length())}
+    volume = {"recursive_doubling": max(1, (h - 1).bit_length()) * share}.get(inter, 2 * (h - 1) / h * share)
+    across = steps[inter] * alpha_inter + volume * k * beta_inter  # k ranks share the host's link
+    return intra + across + ((kmax - 1) / kmax + (h - 1) / h / k) * nbytes * gamma

@@ -1,0 +1,63 @@
+"""two_level: reduce-scatter inside hosts, all-reduce across hosts by every local rank, all-gather
+inside hosts; hosts given as groups here (tests/test_cluster.py runs it across emulated hosts)."""
+import numpy as np
+import pytest
+
+import collectives
+from collectives import select
+from collectives.algorithms import two_level
+
+SHAPES = [(0, 0, 1, 1), (0, 0, 1, 2, 2), (0, 1, 1, 1, 2), (0, 1, 2, 3), (0, 0, 0, 1, 1, 1, 2, 2, 2), (0, 0, 0, 0)]
+
+
+@pytest.mark.parametrize("inter", two_level.INTER)
+@pytest.mark.parametrize("groups", SHAPES)
+def test_exact_and_bitwise_identical_on_every_host_shape(groups, inter):
+    n = len(groups)
+    for count in (0, 1, n + 1, 1000):
+        for op in ("sum", "max", "avg"):
+            results = collectives.run_threaded(n, lambda comm: collectives.allreduce(
+                (np.arange(count) % 7 + comm.rank).astype(np.float64), comm=comm, algorithm="two_level",
+                op=op, groups=groups, inter=inter))
+            inputs = [(np.arange(count) % 7 + r).astype(np.float64) for r in range(n)]
+            want = {"sum": sum(inputs), "max": np.maximum.reduce(inputs) if count else inputs[0],
+                    "avg": sum(inputs) / n}[op]
+            for result in results:
+                assert result.tobytes() == results[0].tobytes(), (groups, inter, count, op)
+            np.testing.assert_allclose(results[0], want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("inter", two_level.INTER)
+@pytest.mark.parametrize("groups", SHAPES)
+def test_plans_verify_symbolically(groups, inter):
+    assert collectives.verify("two_level", ranks=[len(groups)], counts=(0, 1, 2, 7, 1000),
+                              groups=groups, inter=inter) == 5
+
+
+def test_inter_host_traffic_is_spread_over_every_local_rank():
+    # 2 hosts x 3 ranks: each local rank sends a third of the inter-host bytes
+    groups, count = (0, 0, 0, 1, 1, 1), 6000
+    plans = [two_level.build(r, 6, count, groups=groups) for r in range(6)]
+    across = [sum(hi - lo for step in plan.steps for peer, _, lo, hi, _ in step.sends
+                  if groups[peer] != groups[r]) for r, plan in enumerate(plans)]
+    assert len(set(across)) == 1 and across[0] == count // 3  # ring over 2 hosts: 2 (H-1)/H of N/3
+
+
+def test_bad_options_are_value_errors():
+    with pytest.raises(ValueError, match="inter must be one of"):
+        collectives.run_threaded(2, lambda c: collectives.allreduce(np.ones(2), comm=c, algorithm="two_level",
+                                                                  inter="tree"))
+    with pytest.raises(ValueError, match="one entry per rank"):
+        collectives.run_threaded(2, lambda c: collectives.allreduce(np.ones(2), comm=c, algorithm="two_level",
+                                                                  groups=(0, 1, 1)))
+
+
+def test_two_level_cost_model_prefers_topology_aware_algorithms_for_large_messages():
+    hosts = ((0, 1), (2, 3))
+    name, costs = select.two_level_choice(hosts, 64 << 20)
+    assert name in ("two_level", "hierarchical_copy"), costs
+    assert costs["two_level"] < costs["ring"]
+    small, _ = select.two_level_choice(hosts, 8)
+    assert small not in ("two_level", "hierarchical_copy")
+    assert select.describe_topology(hosts) == "2 hosts x 2 ranks"
+    assert select.describe_topology(((0, 1), (2,), (3, 4))) == "3 hosts x 2,1,2 ranks"
