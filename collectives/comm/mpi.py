@@ -7,88 +7,25 @@ then keep successive collectives apart. Every wait polls with a deadline
 (COLLECTIVES_TIMEOUT) so that a lost peer gives ``CollectiveTimeout`` naming the
 silent ranks instead of a hang; with the timeout set to 0 the calls block in MPI.
 """
-import atexit
 import os
 import time
-import weakref
 
 from numpy import ndarray as _ndarray
 
 from .. import config, mpilib
-from ..errors import CollectiveError, CollectiveTimeout, MismatchError
+from ..errors import CollectiveError, MismatchError
 from .base import Communicator, check_received, foreign_message
 
 MPI = mpilib.load()  # one ImportError naming both ways to an MPI library where none loads
 
+from .mpi_faults import _abort_unless_raise, _bounded_dup
+# (_OVERSUBSCRIBED, _eager_limit and _pieces are read through this module by tune and the tests)
+from .mpi_steps import (_BYTE, _OVERSUBSCRIBED, _POLLS_PER_CHECK, _PROBE_AFTER, _SPIN_BEFORE_YIELD,  # noqa: F401
+                        _PreparedStep, _eager_limit, _live_steps, _pieces, _testall, _waitall,
+                        poll_step, timeout_error as _timeout)
+from . import mpi_steps as _steps
 
-
-def _ranks_per_core():
-    """Ranks of this job on this node per core of the node available to the job (0 when the
-    launcher does not say): judged from the node's cores, not this rank's affinity mask, which
-    a pinning launcher (Open MPI, Intel MPI, -bind-to core) narrows to one core."""
-    return mpilib.ranks_per_core()
-
-
-# Seconds of pure polling before a waiting rank starts yielding its core between polls. With
-# more ranks than cores (oversubscribed) the peer a rank waits for may need this very core, so
-# it yields at once; otherwise a short spin keeps latency low.
-_OVERSUBSCRIBED = _ranks_per_core() > 1
-_SPIN_BEFORE_YIELD = 0.0 if _OVERSUBSCRIBED else 0.002
-_POLLS_PER_CHECK = 4 if _OVERSUBSCRIBED else 64  # polls between deadline checks (and yields)
 _cuda = None  # .cuda, imported when the first device buffer is seen
-
-
-_BYTE = MPI.BYTE
-_testall = MPI.Request.Testall
-_startall = MPI.Prequest.Startall
-_waitall = MPI.Request.Waitall
-
-
-# Largest message the MPI library sends eagerly between ranks of one node (at once into shared
-# cells, no handshake with the receiver), for this library only, or 0 where unknown: measured
-# (collectives.protocol; the tuning table records it), see mpilib.eager_limit.
-# COLLECTIVES_EAGER_LIMIT overrides it.
-_DEFAULT_EAGER_LIMIT = None  # found when the first program is prepared
-
-
-def _eager_limit():
-    global _DEFAULT_EAGER_LIMIT
-    if _DEFAULT_EAGER_LIMIT is None:
-        _DEFAULT_EAGER_LIMIT = mpilib.eager_limit()
-    return config.eager_limit(_DEFAULT_EAGER_LIMIT)
-
-
-MAX_PIECES = 4
-
-
-def _pieces(peer, buf, chan, limit):
-    """A prepared step's message as the pieces it travels in: a message past the eager ``limit``
-    goes as the fewest pieces within the limit (on the same tag, matched in order), which stay
-    eager, when that is at most MAX_PIECES; larger messages amortise the handshake and go whole.
-    Measured at n=2: MPICH (8000 B) 8-16 KiB 4.8 -> 3.0 us per exchange as two pieces (16 -> 11 us
-    at n=4 on 2 cores); Open MPI (3968 B) 6 KiB 5.8 -> 3.3 us as two, 8 KiB 3.7 -> 2.4 as three,
-    12 KiB 4.0 -> 3.3 as four, while 16 KiB whole (4.4) matches five pieces."""
-    if not limit or buf.nbytes <= limit:
-        return [(peer, buf, chan)]
-    flat = buf.reshape(-1)  # a view: step buffers are contiguous
-    per_piece = max(1, limit // flat.itemsize)
-    count = -(-flat.size // per_piece)
-    if count > MAX_PIECES:
-        return [(peer, buf, chan)]
-    bounds = [flat.size * i // count for i in range(count + 1)]
-    return [(peer, flat[lo:hi], chan) for lo, hi in zip(bounds, bounds[1:])]
-
-
-_QUICK_SPINS = 4 if _OVERSUBSCRIBED else 64  # polls of a prepared step before the deadline-keeping poll loop (which yields)
-
-
-_PROBE_AFTER = 0.02  # seconds a wait runs before it probes for a foreign message, and between probes
-
-
-def _timeout(what, silent, limit):
-    """The error for a wait that ran out: names the call and the ranks not heard from."""
-    return CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
-                             f"{', '.join(map(str, silent))} after {limit:g} s")
 
 
 def _message(buf):
@@ -220,7 +157,7 @@ class MPIComm(Communicator):
                 if not limit:
                     _waitall(reqs, statuses)
                 else:
-                    self._poll_step(reqs, statuses, recvs, sends, limit, what, self if self.signed else None, tag)
+                    poll_step(reqs, statuses, recvs, sends, limit, what, self if self.signed else None, tag)
         except MPI.Exception as exc:
             if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
                 peers = ", ".join(str(peer) for peer, _, _ in recvs)
@@ -240,41 +177,6 @@ class MPIComm(Communicator):
         if any(not isinstance(buf, _ndarray) for _, buf, _ in list(sends) + list(recvs)):
             return super().prepare(sends, recvs, tag, what)
         return _PreparedStep(self, sends, recvs, tag, what)
-
-    @staticmethod
-    def _poll_step(reqs, statuses, recvs, sends, limit, what, prober=None, tag=0):
-        """Poll a step's requests to the deadline; ``prober`` (the communicator, where calls are
-        signed) looks for a foreign message from the peers not yet heard from."""
-        start = time.monotonic()
-        probe_at = start + _PROBE_AFTER
-        spins = 0
-        done = {}  # receives the probe saw complete: index -> their status (Testall then reports them empty)
-        while not _testall(reqs, statuses):
-            spins += 1
-            if spins % _POLLS_PER_CHECK:
-                continue
-            now = time.monotonic()
-            if prober is not None and now > probe_at:
-                probe_at = now + _PROBE_AFTER
-                for index, (peer, _, _) in enumerate(recvs):
-                    if index in done:
-                        continue
-                    status = MPI.Status()
-                    if reqs[index].Test(status):
-                        done[index] = status
-                    elif prober.foreign(peer, tag) is not None:
-                        raise MismatchError(foreign_message(what, peer))
-            if now - start > limit:
-                # Test() is true for a request that is done (or, persistent, inactive)
-                still_open = [not req.Test() for req in reqs]
-                peers = [peer for peer, _, _ in recvs] + [peer for peer, _, _ in sends]
-                pending = sorted({peer for peer, waiting in zip(peers, still_open) if waiting})
-                silent = sorted({peer for (peer, _, _), waiting in zip(recvs, still_open) if waiting}) or pending
-                raise _timeout(what, silent, limit)
-            if now - start > _SPIN_BEFORE_YIELD:
-                os.sched_yield()
-        for index, status in done.items():
-            statuses[index] = status
 
     # device buffers (one step's buffers all live where the call's arrays live)
     def _exchange_device(self, sends, recvs, tag, what):
@@ -381,204 +283,6 @@ class MPIComm(Communicator):
         return self._node_colors
 
 
-def _abort_unless_raise(mpi_comm, exc):
-    size = mpi_comm.Get_size()
-    if size > 1 and config.on_error() != "raise":
-        import sys
-
-        sys.stderr.write(f"collectives: rank {mpi_comm.Get_rank()} of {size}: {type(exc).__name__}: {exc}\n"
-                         f"collectives: aborting the MPI job (COLLECTIVES_ON_ERROR=raise to handle "
-                         f"errors instead)\n")
-        sys.stderr.flush()
-        # the launcher forwards a rank's output asynchronously and drops what is in flight when
-        # the abort kills the job: a moment for these lines to get out first
-        time.sleep(0.2)
-        _exit_if_abort_hangs()
-        mpi_comm.Abort(1)
-
-
-ABORT_GRACE = 10  # seconds MPI_Abort gets to end this process before the kernel does
-
-
-def _exit_if_abort_hangs():
-    """MPI_Abort can hang where the launcher cannot be reached (a host cut off by a network
-    partition: the rank spins in MPI_Abort forever). An alarm whose default action ends the
-    process bounds it; it needs no Python code to run (MPI_Abort may never let go)."""
-    import signal
-
-    try:
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    except ValueError:  # not the main thread: the handler cannot change, the alarm is still set
-        pass
-    signal.alarm(ABORT_GRACE)
-
-
-# A creation that timed out leaves its MPI_Comm_idup pending (MPI cannot cancel it); kept here.
-_abandoned = []
-_DIAGNOSIS_GRACE = 1.0  # seconds a timed-out creation listens for the other ranks' answers
-
-
-def _bounded_dup(base, what="creating the communicator"):
-    """``base.Dup()`` bounded by COLLECTIVES_TIMEOUT: MPI_Comm_idup, polled to the deadline.
-
-    When it runs out, the ranks present name the absent ones: each timed-out rank sends an
-    empty message tagged MPI_TAG_UB to every other rank and listens for a short grace period;
-    a rank still waiting in its own creation answers such a message at once. The ranks not
-    heard from are the ones named. (These messages travel on ``base`` itself, the user's
-    communicator, and only after a timeout: a fault path.)"""
-    limit = config.timeout()
-    size, rank = base.Get_size(), base.Get_rank()
-    if not limit or size == 1:
-        return base.Dup()
-    new, request = base.Idup()
-    if request.Test():
-        return new
-    import numpy as np
-
-    tag = base.Get_attr(MPI.TAG_UB) or 32767
-    token = np.zeros(0, np.uint8)
-    heard, told, sends = set(), set(), []
-    status = MPI.Status()
-
-    def listen():
-        while base.Iprobe(MPI.ANY_SOURCE, tag, status):
-            source = status.Get_source()
-            base.Recv([token, _BYTE], source, tag)
-            heard.add(source)
-            if source not in told:  # a rank that timed out asks who is here: answer
-                told.add(source)
-                sends.append(base.Isend([token, _BYTE], source, tag))
-
-    start = time.monotonic()
-    polls = 0
-    while True:
-        if request.Test():
-            return new
-        polls += 1
-        if polls % _POLLS_PER_CHECK == 0:
-            now = time.monotonic()
-            listen()
-            if now - start > limit:
-                break
-            if now - start > 0.002:
-                time.sleep(0.0002)
-    for peer in range(size):
-        if peer != rank and peer not in told:
-            told.add(peer)
-            sends.append(base.Isend([token, _BYTE], peer, tag))
-    grace_end = time.monotonic() + min(_DIAGNOSIS_GRACE, limit)
-    while time.monotonic() < grace_end and len(heard) < size - 1:
-        listen()
-        if request.Test():
-            return new
-        time.sleep(0.001)
-    _abandoned.append((new, request, sends))
-    silent = sorted(set(range(size)) - heard - {rank})
-    if not silent:
-        raise CollectiveTimeout(f"{what}: every rank answered, yet MPI_Comm_idup did not complete after "
-                                f"{limit:g} s")
-    raise _timeout(what, silent, limit)
-
-
-class _PreparedStep:
-    """One step of a small-message program as persistent MPI requests (``Recv_init`` and
-    ``Send_init``), created once on fixed buffers and a fixed tag: a run is one ``Startall``
-    and a poll, with no message specs parsed per call."""
-
-    __slots__ = ("mpi_comm", "tag", "requests", "statuses", "recvs", "sends", "what", "sizes", "pair",
-                 "prober", "__weakref__")
-
-    def __init__(self, comm, sends, recvs, tag, what):
-        self.mpi_comm, self.tag = comm.mpi_comm, tag
-        self.prober = comm if comm.signed else None
-        # the messages as they travel (a message just past the eager limit as two pieces)
-        limit = _eager_limit()
-        self.recvs = [piece for message in recvs for piece in _pieces(*message, limit)]
-        self.sends = [piece for message in sends for piece in _pieces(*message, limit)]
-        self.requests = self._make(self.recvs, self.sends)
-        self.sizes = [(index, peer, buf.nbytes) for index, (peer, buf, _) in enumerate(self.recvs)]
-        self.statuses = [MPI.Status() for _ in self.requests]
-        self.what = what
-        self.pair = len(self.recvs) == 1 and len(self.sends) == 1  # the common step: one receive, one send
-        _live_steps.add(self)
-
-    def __call__(self):
-        reqs, statuses = self.requests, self.statuses
-        try:
-            _startall(reqs)
-            if self.pair and (_testall(reqs, statuses) or _testall(reqs, statuses) or _testall(reqs, statuses)):
-                _, peer, nbytes = self.sizes[0]
-                got = statuses[0].Get_count(_BYTE)
-                if got != nbytes:
-                    check_received(peer, nbytes, got, self.what)
-                return
-            for _ in range(_QUICK_SPINS):
-                if _testall(reqs, statuses):
-                    break
-            else:
-                limit = config.timeout()
-                if not limit:
-                    _waitall(reqs, statuses)
-                else:
-                    MPIComm._poll_step(reqs, statuses, self.recvs, self.sends, limit, self.what, self.prober,
-                                       self.tag)
-        except BaseException as exc:
-            self._renew()  # requests left active by a failed run are never started again
-            if isinstance(exc, MPI.Exception):
-                self._raise(exc)
-            raise
-        for index, peer, nbytes in self.sizes:
-            got = statuses[index].Get_count(_BYTE)
-            if got != nbytes:
-                check_received(peer, nbytes, got, self.what)
-
-    def _make(self, recvs, sends):
-        mpi_comm, tag = self.mpi_comm, self.tag
-        return ([mpi_comm.Recv_init([buf, _BYTE], peer, tag + chan) for peer, buf, chan in recvs]
-                + [mpi_comm.Send_init([buf, _BYTE], peer, tag + chan) for peer, buf, chan in sends])
-
-    def _renew(self):
-        """Replace requests that may still be active with fresh ones on the same messages
-        (the old ones are freed: MPI lets whatever is in flight finish, then drops them)."""
-        self.free()
-        if not MPI.Is_finalized():
-            self.requests = self._make(self.recvs, self.sends)
-
-    def _raise(self, exc):
-        if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
-            peers = ", ".join(str(peer) for peer in dict.fromkeys(peer for peer, _, _ in self.recvs))
-            raise MismatchError(f"{self.what}: a message from rank(s) {peers} is longer than expected "
-                                f"(ranks disagree on count, dtype or algorithm)") from None
-        raise exc
-
-    def free(self):
-        try:
-            if MPI.Is_finalized():
-                return
-            for req in self.requests:
-                if req:
-                    req.Free()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
-
-    def __del__(self):
-        self.free()
-
-
-_live_steps = weakref.WeakSet()  # every prepared step, freed before MPI_Finalize at exit
-
-
-_exiting = False
-
-
-@atexit.register
-def _free_steps():  # registered after mpi4py's own finalizer, so it runs first
-    global _exiting
-    _exiting = True  # from here MPI_Finalize frees what is left; wrappers are not closed one by one
-    for step in list(_live_steps):
-        step.free()
-
-
 class _Req:
     __slots__ = ("req", "peer", "nbytes", "is_recv", "tag")
 
@@ -591,7 +295,7 @@ _keyval = None
 
 def _release(comm, keyval, wrapper):
     """Delete callback of the wrapper attribute: the user's communicator is being freed."""
-    if not _exiting:
+    if not _steps._exiting:
         wrapper.close()
 
 

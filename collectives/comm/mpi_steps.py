@@ -1,0 +1,216 @@
+"""Prepared steps of small-message programs over MPI, and the polling every MPI wait shares.
+
+A prepared step is one plan step as persistent MPI requests on fixed buffers and a fixed tag:
+a run is one ``Startall`` and a poll. ``poll_step`` is the bounded wait (COLLECTIVES_TIMEOUT)
+with the probe for a foreign message (another call's) from the peers not yet heard from.
+"""
+import atexit
+import os
+import time
+import weakref
+
+from .. import config, mpilib
+from ..errors import CollectiveTimeout, MismatchError
+from .base import check_received, foreign_message
+
+MPI = mpilib.load()
+_BYTE = MPI.BYTE
+_testall = MPI.Request.Testall
+_startall = MPI.Prequest.Startall
+_waitall = MPI.Request.Waitall
+
+
+def _ranks_per_core():
+    """Ranks of this job on this node per core of the node available to the job (0 when the
+    launcher does not say): judged from the node's cores, not this rank's affinity mask, which
+    a pinning launcher (Open MPI, Intel MPI, -bind-to core) narrows to one core."""
+    return mpilib.ranks_per_core()
+
+
+# Seconds of pure polling before a waiting rank starts yielding its core between polls. With
+# more ranks than cores (oversubscribed) the peer a rank waits for may need this very core, so
+# it yields at once; otherwise a short spin keeps latency low.
+_OVERSUBSCRIBED = _ranks_per_core() > 1
+_SPIN_BEFORE_YIELD = 0.0 if _OVERSUBSCRIBED else 0.002
+_POLLS_PER_CHECK = 4 if _OVERSUBSCRIBED else 64  # polls between deadline checks (and yields)
+
+
+# Largest message the MPI library sends eagerly between ranks of one node (at once into shared
+# cells, no handshake with the receiver), for this library only, or 0 where unknown: measured
+# (collectives.protocol; the tuning table records it), see mpilib.eager_limit.
+# COLLECTIVES_EAGER_LIMIT overrides it.
+_DEFAULT_EAGER_LIMIT = None  # found when the first program is prepared
+
+
+def _eager_limit():
+    global _DEFAULT_EAGER_LIMIT
+    if _DEFAULT_EAGER_LIMIT is None:
+        _DEFAULT_EAGER_LIMIT = mpilib.eager_limit()
+    return config.eager_limit(_DEFAULT_EAGER_LIMIT)
+
+
+MAX_PIECES = 4
+
+
+def _pieces(peer, buf, chan, limit):
+    """A prepared step's message as the pieces it travels in: a message past the eager ``limit``
+    goes as the fewest pieces within the limit (on the same tag, matched in order), which stay
+    eager, when that is at most MAX_PIECES; larger messages amortise the handshake and go whole.
+    Measured at n=2: MPICH (8000 B) 8-16 KiB 4.8 -> 3.0 us per exchange as two pieces (16 -> 11 us
+    at n=4 on 2 cores); Open MPI (3968 B) 6 KiB 5.8 -> 3.3 us as two, 8 KiB 3.7 -> 2.4 as three,
+    12 KiB 4.0 -> 3.3 as four, while 16 KiB whole (4.4) matches five pieces."""
+    if not limit or buf.nbytes <= limit:
+        return [(peer, buf, chan)]
+    flat = buf.reshape(-1)  # a view: step buffers are contiguous
+    per_piece = max(1, limit // flat.itemsize)
+    count = -(-flat.size // per_piece)
+    if count > MAX_PIECES:
+        return [(peer, buf, chan)]
+    bounds = [flat.size * i // count for i in range(count + 1)]
+    return [(peer, flat[lo:hi], chan) for lo, hi in zip(bounds, bounds[1:])]
+
+
+_QUICK_SPINS = 4 if _OVERSUBSCRIBED else 64  # polls of a prepared step before the deadline-keeping poll loop (which yields)
+
+
+_PROBE_AFTER = 0.02  # seconds a wait runs before it probes for a foreign message, and between probes
+
+
+def timeout_error(what, silent, limit):
+    """The error for a wait that ran out: names the call and the ranks not heard from."""
+    return CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
+                             f"{', '.join(map(str, silent))} after {limit:g} s")
+
+
+def poll_step(reqs, statuses, recvs, sends, limit, what, prober=None, tag=0):
+    """Poll a step's requests to the deadline; ``prober`` (the communicator, where calls are
+    signed) looks for a foreign message from the peers not yet heard from."""
+    start = time.monotonic()
+    probe_at = start + _PROBE_AFTER
+    spins = 0
+    done = {}  # receives the probe saw complete: index -> their status (Testall then reports them empty)
+    while not _testall(reqs, statuses):
+        spins += 1
+        if spins % _POLLS_PER_CHECK:
+            continue
+        now = time.monotonic()
+        if prober is not None and now > probe_at:
+            probe_at = now + _PROBE_AFTER
+            for index, (peer, _, _) in enumerate(recvs):
+                if index in done:
+                    continue
+                status = MPI.Status()
+                if reqs[index].Test(status):
+                    done[index] = status
+                elif prober.foreign(peer, tag) is not None:
+                    raise MismatchError(foreign_message(what, peer))
+        if now - start > limit:
+            # Test() is true for a request that is done (or, persistent, inactive)
+            still_open = [not req.Test() for req in reqs]
+            peers = [peer for peer, _, _ in recvs] + [peer for peer, _, _ in sends]
+            pending = sorted({peer for peer, waiting in zip(peers, still_open) if waiting})
+            silent = sorted({peer for (peer, _, _), waiting in zip(recvs, still_open) if waiting}) or pending
+            raise timeout_error(what, silent, limit)
+        if now - start > _SPIN_BEFORE_YIELD:
+            os.sched_yield()
+    for index, status in done.items():
+        statuses[index] = status
+
+
+class _PreparedStep:
+    """One step of a small-message program as persistent MPI requests (``Recv_init`` and
+    ``Send_init``), created once on fixed buffers and a fixed tag: a run is one ``Startall``
+    and a poll, with no message specs parsed per call."""
+
+    __slots__ = ("mpi_comm", "tag", "requests", "statuses", "recvs", "sends", "what", "sizes", "pair",
+                 "prober", "__weakref__")
+
+    def __init__(self, comm, sends, recvs, tag, what):
+        self.mpi_comm, self.tag = comm.mpi_comm, tag
+        self.prober = comm if comm.signed else None
+        # the messages as they travel (a message just past the eager limit as two pieces)
+        limit = _eager_limit()
+        self.recvs = [piece for message in recvs for piece in _pieces(*message, limit)]
+        self.sends = [piece for message in sends for piece in _pieces(*message, limit)]
+        self.requests = self._make(self.recvs, self.sends)
+        self.sizes = [(index, peer, buf.nbytes) for index, (peer, buf, _) in enumerate(self.recvs)]
+        self.statuses = [MPI.Status() for _ in self.requests]
+        self.what = what
+        self.pair = len(self.recvs) == 1 and len(self.sends) == 1  # the common step: one receive, one send
+        _live_steps.add(self)
+
+    def __call__(self):
+        reqs, statuses = self.requests, self.statuses
+        try:
+            _startall(reqs)
+            if self.pair and (_testall(reqs, statuses) or _testall(reqs, statuses) or _testall(reqs, statuses)):
+                _, peer, nbytes = self.sizes[0]
+                got = statuses[0].Get_count(_BYTE)
+                if got != nbytes:
+                    check_received(peer, nbytes, got, self.what)
+                return
+            for _ in range(_QUICK_SPINS):
+                if _testall(reqs, statuses):
+                    break
+            else:
+                limit = config.timeout()
+                if not limit:
+                    _waitall(reqs, statuses)
+                else:
+                    poll_step(reqs, statuses, self.recvs, self.sends, limit, self.what, self.prober,
+                                       self.tag)
+        except BaseException as exc:
+            self._renew()  # requests left active by a failed run are never started again
+            if isinstance(exc, MPI.Exception):
+                self._raise(exc)
+            raise
+        for index, peer, nbytes in self.sizes:
+            got = statuses[index].Get_count(_BYTE)
+            if got != nbytes:
+                check_received(peer, nbytes, got, self.what)
+
+    def _make(self, recvs, sends):
+        mpi_comm, tag = self.mpi_comm, self.tag
+        return ([mpi_comm.Recv_init([buf, _BYTE], peer, tag + chan) for peer, buf, chan in recvs]
+                + [mpi_comm.Send_init([buf, _BYTE], peer, tag + chan) for peer, buf, chan in sends])
+
+    def _renew(self):
+        """Replace requests that may still be active with fresh ones on the same messages
+        (the old ones are freed: MPI lets whatever is in flight finish, then drops them)."""
+        self.free()
+        if not MPI.Is_finalized():
+            self.requests = self._make(self.recvs, self.sends)
+
+    def _raise(self, exc):
+        if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
+            peers = ", ".join(str(peer) for peer in dict.fromkeys(peer for peer, _, _ in self.recvs))
+            raise MismatchError(f"{self.what}: a message from rank(s) {peers} is longer than expected "
+                                f"(ranks disagree on count, dtype or algorithm)") from None
+        raise exc
+
+    def free(self):
+        try:
+            if MPI.Is_finalized():
+                return
+            for req in self.requests:
+                if req:
+                    req.Free()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __del__(self):
+        self.free()
+
+
+_live_steps = weakref.WeakSet()  # every prepared step, freed before MPI_Finalize at exit
+
+
+_exiting = False
+
+
+@atexit.register
+def _free_steps():  # registered after mpi4py's own finalizer, so it runs first
+    global _exiting
+    _exiting = True  # from here MPI_Finalize frees what is left; wrappers are not closed one by one
+    for step in list(_live_steps):
+        step.free()
