@@ -21,21 +21,13 @@ import time
 import numpy as np
 
 import collectives
+from collectives.cli import parse_size
 from collectives import mpilib
 from collectives.ops import DTYPES
 
 MPI = mpilib.load()  # one clear error naming both ways to an MPI library where none loads
 
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
-
-
-def parse_size(text):
-    text = str(text).strip().upper().rstrip("B")
-    scale = 1
-    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
-        if text.endswith(suffix):
-            text, scale = text[:-1], factor
-    return int(float(text) * scale)
 
 
 def parse_args(argv):

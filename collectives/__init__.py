@@ -9,8 +9,8 @@ Quick use::
 
 Your own algorithm: ``collectives.register_algorithm(obj)`` (see docs/writing-an-algorithm.md).
 """
-from .api import (algorithm_options, algorithms, allgather, allreduce, as_comm, barrier, broadcast, clear_caches,
-                  library_memory, reduce, reduce_scatter)
+from .api import algorithm_options, algorithms, allreduce, as_comm, barrier, clear_caches, library_memory
+from .blocks_api import allgather, broadcast, reduce, reduce_scatter
 from .comm import Communicator, ThreadComm, run_threaded
 from .errors import CollectiveError, CollectiveTimeout, MismatchError, PeerAborted
 from .ops import DTYPES, OPS

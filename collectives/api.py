@@ -362,6 +362,3 @@ def algorithm_options(name):
     module = _algorithms.get(name)
     return {k: {"default": o.default, "doc": o.doc} for k, o in module.OPTIONS.items()}
 
-
-# the building blocks live in blocks_api.py (re-exported here for the callers of collectives.api)
-from .blocks_api import allgather, broadcast, reduce, reduce_scatter  # noqa: E402,F401

@@ -187,7 +187,7 @@ sys.modules[__name__].__class__ = _CallableModule
 
 # CLI ---------------------------------------------------------------------------------------
 def _size(text):
-    from benchmarks.allreduce_perf import parse_size  # one parser for both tools
+    from .cli import parse_size  # one parser for every tool
     return parse_size(text)
 
 

@@ -25,19 +25,11 @@ import time
 import numpy as np
 
 from . import tuning
+from .cli import parse_size
 from .algorithms import names as _algorithm_names
 from .plugins import add_load_option, load_files
 
 FORMAT = "collectives-tuning-1"
-
-
-def parse_size(text):
-    text = str(text).strip().upper().rstrip("B")
-    scale = 1
-    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
-        if text.endswith(suffix):
-            text, scale = text[:-1], factor
-    return int(float(text) * scale)
 
 
 def parse_args(argv):
