@@ -79,7 +79,7 @@ _nccl_cache = {}
 def _nccl_for(comm):
     """(NcclAllreduce or None, reason), made once per communicator; collective."""
     import collectives
-    from collectives import nccl as _nccl
+    from benchmarks import nccl as _nccl
 
     ours = collectives.as_comm(comm)
     key = id(ours)
@@ -113,7 +113,7 @@ def nccl_allreduce_timer(comm, count, dtype="float32", op="sum"):
     if not ok:
         return None if buffers_form else (None, why)
     import cupy
-    from collectives import nccl as _nccl
+    from benchmarks import nccl as _nccl
 
     nccl, why = _nccl_for(comm)
     if nccl is None:

@@ -83,7 +83,7 @@ def unavailable_reason(comm):
     """None when every rank of ``comm`` can join one NCCL communicator, else why not.
 
     Collective: every rank must call it (it gathers each rank's node and GPU)."""
-    from .comm.threaded import ThreadComm
+    from collectives.comm.threaded import ThreadComm
 
     nccl, why = module()
     # agree on availability first, so that every rank takes the same branch

@@ -17,7 +17,7 @@ pytest.importorskip("mpi4py", reason="mpi4py is not installed")
 from mpi4py import MPI  # noqa: E402
 
 import collectives  # noqa: E402
-from collectives import nccl  # noqa: E402
+from benchmarks import nccl  # noqa: E402
 from collectives.comm import cuda  # noqa: E402
 from tests.helpers import integer_valued, random_floats, tolerance  # noqa: E402
 

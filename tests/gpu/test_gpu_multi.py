@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives import nccl
+from benchmarks import nccl
 from tests.gpu.gpu_helpers import DEVICE_DTYPES, OPTIONS, SMALL, close, cupy_reference, require_gpu
 from tests.helpers import integer_valued, ops_for, random_floats
 

@@ -1,11 +1,11 @@
-"""The NCCL oracle helpers (collectives.nccl) on what one process can do: a one-rank NCCL
+"""The NCCL oracle helpers (benchmarks/nccl.py) on what one process can do: a one-rank NCCL
 communicator on each GPU, every op and dtype NCCL reduces; the reasons given when NCCL cannot
 serve a world (threads; ranks sharing a GPU)."""
 import numpy as np
 import pytest
 
 import collectives
-from collectives import nccl
+from benchmarks import nccl
 from tests.gpu.gpu_helpers import DEVICE_DTYPES, require_gpu
 from tests.helpers import integer_valued, ops_for
 
