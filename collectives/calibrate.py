@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+from .cli import parse_size
+
 PINGPONG_SIZES = [8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
 
 
@@ -132,8 +134,8 @@ def main(args=None):
         return 2
     spec = getattr(args, "algorithms", "all") or "all"
     names = collectives.algorithms() if spec == "all" else [a.strip() for a in spec.split(",")]
-    lo = sim._size(getattr(args, "minbytes", None) or "8")
-    hi = sim._size(getattr(args, "maxbytes", None) or "16M")
+    lo = parse_size(getattr(args, "minbytes", None) or "8")
+    hi = parse_size(getattr(args, "maxbytes", None) or "16M")
     sizes = _sizes(lo, hi, getattr(args, "stepfactor", None) or 4)
     collectives.barrier(comm)  # every rank is here (bounded by COLLECTIVES_TIMEOUT) before blocking MPI calls
     lib = as_comm(comm)

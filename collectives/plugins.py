@@ -30,6 +30,7 @@ import warnings
 
 _registry = importlib.import_module("collectives.algorithms")
 from .flat import _Flat, build_plans
+from .model import ALPHA, BETA, GAMMA
 from .plan import Plan, PlanError
 from .symbolic import verify_plans
 
@@ -71,7 +72,7 @@ def _check_cost(algo, name, options):
     for p in (1, 2, 7, 1024):
         for nbytes in (0, 8, 1 << 20):
             try:
-                value = float(algo.cost(p, nbytes, 15e-6, 5e-10, 1.6e-10, **options))
+                value = float(algo.cost(p, nbytes, ALPHA, BETA, GAMMA, **options))
             except Exception as exc:  # noqa: BLE001 - reported with the place it happened
                 raise PlanError(f"cost(p={p}, nbytes={nbytes}, ...) raised {exc!r}", name) from exc
             if not math.isfinite(value) or value < 0:

@@ -11,14 +11,9 @@ import importlib
 _algorithms = importlib.import_module("collectives.algorithms")
 from . import config
 
-# Shared-memory defaults (seconds, seconds per byte), from ping-pong and np.add on a 2-core VM.
-ALPHA = 15e-6
-BETA = 1 / 2.0e9
-GAMMA = 1 / 6.0e9
-# Between hosts, where nothing better is known: a 10 Gbit/s Ethernet link per host, TCP latency.
-# beta is per byte of one host's link, which the host's ranks share.
-ALPHA_INTER = 30e-6
-BETA_INTER = 1 / 1.25e9
+# the model's defaults (collectives/model.py): shared memory inside a node, a 10 Gbit/s link per
+# host between hosts (beta_inter is per byte of one host's link, which the host's ranks share)
+from .model import ALPHA, ALPHA_INTER, BETA, BETA_INTER, GAMMA  # noqa: E402
 
 _log = logging.getLogger("collectives")
 _choices = {}

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .flat import _Flat, _registry, build_plan, build_plans  # noqa: F401  (build_plans: public here too)
+from .model import ALPHA, BETA, GAMMA
 from .plan import PlanError
 from .plugins import add_load_option, load_files
 from .timing import critical_path as _critical_path, time_plans as _time
@@ -131,7 +132,7 @@ class SimResult:
 
 
 # the public call ---------------------------------------------------------------------------
-def simulate(algorithm, ranks, nbytes, alpha=15e-6, beta=1 / 2.0e9, gamma=1 / 6.0e9, *, topology=None,
+def simulate(algorithm, ranks, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, *, topology=None,
              itemsize=4, verify_data=True, record=False, **options):
     """Predict and check ``algorithm`` on ``ranks`` ranks for an ``nbytes`` all-reduce."""
     if not isinstance(ranks, int) or ranks < 1:
@@ -200,9 +201,9 @@ def _parse(argv):
     p.add_argument("-b", "--minbytes", default="8")
     p.add_argument("-e", "--maxbytes", default=None, help="largest size (default 64M; 16M with --calibrate)")
     p.add_argument("-f", "--stepfactor", type=float, default=4)
-    p.add_argument("--alpha", type=float, default=15e-6)
-    p.add_argument("--beta", type=float, default=1 / 2.0e9)
-    p.add_argument("--gamma", type=float, default=1 / 6.0e9)
+    p.add_argument("--alpha", type=float, default=ALPHA)
+    p.add_argument("--beta", type=float, default=BETA)
+    p.add_argument("--gamma", type=float, default=GAMMA)
     p.add_argument("--topology", default=None, help="nodes=COUNTxK,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared]")
     p.add_argument("--no-verify", action="store_true")
     p.add_argument("--plot")
@@ -278,7 +279,7 @@ def logarithmic(algorithm):
     return messages_per_rank(algorithm, 256) <= 2.5 * messages_per_rank(algorithm, 16)
 
 
-def scale_check(names=None, nbytes=1 << 20, alpha=15e-6, beta=1 / 2.0e9, gamma=1 / 6.0e9, small=1024,
+def scale_check(names=None, nbytes=1 << 20, alpha=ALPHA, beta=BETA, gamma=GAMMA, small=1024,
                 large=65536, limit=60.0):
     """Print the wall time of ``simulate`` (plans, timing model and both symbolic checks) for
     every algorithm at ``small`` ranks and the logarithmic ones at ``large``. A measurement,
@@ -332,7 +333,7 @@ def _plot(rows, path, ranks):
     fig.savefig(path, dpi=110)
 
 
-def timeline(algorithm, ranks, nbytes, path, alpha=15e-6, beta=1 / 2.0e9, gamma=1 / 6.0e9, **options):
+def timeline(algorithm, ranks, nbytes, path, alpha=ALPHA, beta=BETA, gamma=GAMMA, **options):
     """Draw which rank sends what to whom, when: one arrow per message, coloured by the sender's step."""
     import matplotlib
     matplotlib.use("Agg")

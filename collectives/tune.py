@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from . import tuning
+from . import mpilib, tuning
 from .cli import parse_size
 from .algorithms import names as _algorithm_names
 from .plugins import add_load_option, load_files
@@ -97,9 +97,7 @@ def tune(comm, args, log=print):
     moves one round of many sizes, which the median drops, instead of every round of one size.
     Each round also starts at another size and another algorithm."""
     if args.rounds is None:
-        from .comm import mpi as _mpi
-
-        args.rounds = 15 if _mpi._OVERSUBSCRIBED else 5
+        args.rounds = 15 if mpilib.ranks_per_core() > 1 else 5
     entries = []
     root = comm.rank == 0
     for dtype in args.datatypes:
