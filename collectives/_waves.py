@@ -1,12 +1,21 @@
-"""The timing model without the event loop, for plans whose messages never wait for a port.
+"""The timing model without the event loop: every rank at once, one vectorised wave per step.
 
-When no rank sends two messages in one step and, in the resulting schedule, no two messages
-into one rank (or through one shared NIC) overlap in time, every message starts when its
-sender posts it, and the event loop's answer is a longest-path computation: step ``g`` of a
-rank ends at the latest of its post time, its send's end and its receives' ends (a receive
-that ended before the rank got there counts at the post time). ``wave_times`` computes it
-for every rank at once, one vectorised wave per step (rings move in lock step), then checks
-that no port was ever asked for twice at once; ``None`` sends the caller to the event loop.
+The event loop (``collectives.timing``) handles messages in the order of their post time, ties
+broken by message index (rank, then step, then post order), and each message holds its ports
+(the sender's send port, the receiver's receive port, with a shared NIC both nodes' network
+ports) from ``max(post, each port free)`` for its duration. So on every port the messages
+queue in (post time, index) order, and a schedule in which every port serves its messages in
+that order, each from the latest of its post time and the end of its port's previous message,
+is the event loop's answer (with durations above zero, by induction over that order).
+
+``wave_times`` builds such a schedule in waves: ranks that reach a step post it and issue its
+sends at once (a wave's sends in (post, index) order, chained on their ports: a message
+starts when its ports are free); a rank whose receives have all been issued ends its step at
+the latest of its post time and its messages' ends, then its reductions take gamma per byte.
+Rings never contend, trees queue their children's messages on the parent's receive port. In
+the end it checks that every port served its messages in (post, index) order; ``None`` (a
+port served them out of that order, a duration of zero, a deadlock) sends the caller to the
+event loop.
 """
 import numpy as np
 
@@ -19,32 +28,118 @@ def _ranges(lo, hi):
     return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(total)
 
 
-def _overlap(port, start, end):
-    """True when two messages through one port overlap in time (sorted by port, then start)."""
+def _in_order(port, seq, post, idx):
+    """True when every port served its messages (in issue order ``seq``) by (post, index)."""
     if len(port) < 2:
-        return False
-    order = np.lexsort((start, port))
-    port, start, end = port[order], start[order], end[order]
-    return bool(((port[1:] == port[:-1]) & (end[:-1] > start[1:])).any())
+        return True
+    order = np.lexsort((seq, port))
+    port, post, idx = port[order], post[order], idx[order]
+    same = port[1:] == port[:-1]
+    early = (post[1:] < post[:-1]) | ((post[1:] == post[:-1]) & (idx[1:] < idx[:-1]))
+    return not (same & early).any()
 
 
-def wave_times(f, dur, wt, nic_inter=None, kpn=1, record=False, itemsize=1):
-    """(finish per rank, links, messages) as ``timing.time_plans`` returns them, or None."""
+class _Ports:
+    """The free time of every port; issues a wave's sends onto them."""
+
+    JACOBI_ROUNDS = 24  # longer queues in one wave are served one message at a time
+
+    def __init__(self, f, dur, nic_inter, kpn):
+        self.f, self.dur, self.p = f, dur, f.p
+        nodes = (f.p + kpn - 1) // kpn
+        self.free = np.zeros(2 * f.p + (2 * nodes if nic_inter is not None else 0))
+        self.nic = nic_inter
+        self.kpn, self.nodes = kpn, nodes
+        self.start = np.zeros(len(dur))
+        self.end = np.zeros(len(dur))
+        self.issued = np.zeros(len(dur), bool)
+
+    def ports_of(self, ids):
+        """(port, position in ``ids``) pairs: send port, receive port, NIC ports."""
+        f, p = self.f, self.p
+        n = len(ids)
+        pos = np.arange(n)
+        ports, owners = [f.s_rank[ids], p + f.s_peer[ids]], [pos, pos]
+        if self.nic is not None:
+            inter = self.nic[ids]
+            if inter.any():
+                sel = ids[inter]
+                ports += [2 * p + f.s_rank[sel] // self.kpn, 2 * p + self.nodes + f.s_peer[sel] // self.kpn]
+                owners += [pos[inter], pos[inter]]
+        return np.concatenate(ports), np.concatenate(owners)
+
+    def issue(self, ids, post):
+        """Start the messages ``ids`` (sorted by (post, index)) as the event loop would."""
+        if not ids.size:
+            return ids
+        dur = self.dur[ids]
+        port, owner = self.ports_of(ids)
+        order = np.lexsort((owner, port))
+        port, owner = port[order], owner[order]
+        head = np.ones(len(port), bool)
+        head[1:] = port[1:] != port[:-1]
+        floor = post.copy()
+        np.maximum.at(floor, owner[head], self.free[port[head]])
+        after, before = owner[1:][~head[1:]], owner[:-1][~head[1:]]  # queued behind ``before``
+        start = floor
+        if after.size:
+            for _ in range(self.JACOBI_ROUNDS):
+                new = floor.copy()
+                np.maximum.at(new, after, start[before] + dur[before])
+                if np.array_equal(new, start):
+                    break
+                start = new
+            else:
+                start = self.serve(port, owner, head, post, dur)
+        end = start + dur
+        tail = np.ones(len(port), bool)
+        tail[:-1] = head[1:]
+        self.free[port[tail]] = end[owner[tail]]  # the last message of each queue ends last
+        self.start[ids], self.end[ids] = start, end
+        self.issued[ids] = True
+        return ids
+
+    def serve(self, port, owner, head, post, dur):
+        """One message at a time, in order (a long queue)."""
+        n = len(post)
+        ports_of = [[] for _ in range(n)]
+        for q, o in zip(port.tolist(), owner.tolist()):
+            ports_of[o].append(q)
+        free = {q: float(self.free[q]) for q in port[head].tolist()}
+        start = post.tolist()
+        d = dur.tolist()
+        for i in range(n):
+            s = start[i]
+            for q in ports_of[i]:
+                if free[q] > s:
+                    s = free[q]
+            start[i] = s
+            e = s + d[i]
+            for q in ports_of[i]:
+                free[q] = e
+        return np.array(start)
+
+
+def _run(f, dur, wt, ports, window):
+    """The waves over ``ports``: (finish, link cause, link time, post per step, issue order), or
+    None at a deadlock. With ``window``, a wave issues only the messages posted before the
+    earliest waiting one's post plus the shortest duration (any step posted later posts after
+    some waiting message ends): every port then serves in (post, index) order."""
     p, G = f.p, f.steps_total
     nsend = np.diff(f.ss)
-    if (nsend > 1).any():
-        return None
     nmsg = nsend + np.diff(f.rs)
-    step_rank = f.step_rank
     post = np.zeros(G)
-    known = np.zeros(G, bool)
     link_time = np.zeros(G)
     link_cause = np.full(G, -1, np.int64)
-    send_of = np.where(nsend > 0, f.ss[:-1], -1)
     finish = np.zeros(p)
     last = f.start[:-1] + f.nsteps
     cur = f.start[:-1].copy()
     when = np.zeros(p)
+    issued = ports.issued
+    dmin = float(dur.min()) if dur.size else 1.0
+    seq = np.zeros(len(dur), np.int64)
+    count = 0
+    fresh = []  # steps posted since the last issue
 
     def settle(ranks):
         """Move ``ranks`` (at steps ``cur``, time ``when``) past message-less steps, one add
@@ -56,42 +151,62 @@ def wave_times(f, dur, wt, nic_inter=None, kpn=1, record=False, itemsize=1):
             ranks, g = ranks[~done], g[~done]
             busy = nmsg[g] > 0
             post[g[busy]] = when[ranks[busy]]
-            known[g[busy]] = True
+            fresh.append(g[busy])
             ranks, g = ranks[~busy], g[~busy]
             when[ranks] += wt[g]
             cur[ranks] = g + 1
 
     settle(np.arange(p))
     active = np.flatnonzero(cur < last)
-    m_src = f.s_match  # receive j's message is the send r_match[j]
+    pending = np.zeros(0, np.int64)
     while active.size:
+        steps = np.concatenate(fresh) if fresh else np.zeros(0, np.int64)
+        fresh.clear()
+        ids = _ranges(f.ss[steps], f.ss[steps + 1])
+        if pending.size:
+            ids = np.concatenate([pending, ids])
+        at = post[f.s_step[ids]]
+        if window and ids.size:
+            now = at < at.min() + dmin
+            if not now.all():
+                pending, ids, at = ids[~now], ids[now], at[now]
+            else:
+                pending = pending[:0]
+        order = np.lexsort((ids, at))
+        went = ports.issue(ids[order], at[order])
+        seq[went] = np.arange(count, count + len(went))
+        count += len(went)
         ready = active
         g = cur[ready]
         counts = f.rs[g + 1] - f.rs[g]
+        own_n = nsend[g]
         rids = _ranges(f.rs[g], f.rs[g + 1])
+        own = _ranges(f.ss[g], f.ss[g + 1])
         sends = f.r_match[rids]
         if (sends < 0).any():
             return None  # a receive nobody sends: the event loop names it
-        ok = known[f.s_step[sends]]
-        if not ok.all():
-            owner = np.repeat(np.arange(len(ready)), counts)
+        ok = issued[sends]
+        own_ok = issued[own]
+        if not (ok.all() and own_ok.all()):
             blocked = np.zeros(len(ready), bool)
-            blocked[owner[~ok]] = True
+            blocked[np.repeat(np.arange(len(ready)), counts)[~ok]] = True
+            blocked[np.repeat(np.arange(len(ready)), own_n)[~own_ok]] = True
             if blocked.all():
+                if went.size:
+                    continue  # messages went, none completes a step yet
                 return None  # a deadlock: the event loop names it
-            keep = ~blocked[owner]
-            ready, g, counts, rids, sends = ready[~blocked], g[~blocked], counts[~blocked], rids[keep], sends[keep]
-        # candidates per step: its send (ends post + dur), its receives (end at the sender's post + dur)
-        own = send_of[g]
-        has = own >= 0
-        c_owner = np.concatenate([np.flatnonzero(has), np.repeat(np.arange(len(ready)), counts)])
-        c_msg = np.concatenate([own[has], sends])
+            sends = sends[~np.repeat(blocked, counts)]
+            own = own[~np.repeat(blocked, own_n)]
+            ready, g, counts, own_n = ready[~blocked], g[~blocked], counts[~blocked], own_n[~blocked]
+        # candidates per step: its sends and its receives, each ending when ``ports`` says
+        c_owner = np.concatenate([np.repeat(np.arange(len(ready)), own_n), np.repeat(np.arange(len(ready)), counts)])
+        c_msg = np.concatenate([own, sends])
         c_ready = post[f.s_step[c_msg]]
-        c_end = c_ready + dur[c_msg]
-        c_code = np.concatenate([2 * f.s_peer[own[has]], 2 * f.s_rank[sends] + 1])
+        c_end = ports.end[c_msg]
+        c_code = np.concatenate([2 * f.s_peer[own], 2 * f.s_rank[sends] + 1])
         top = post[g].copy()
         np.maximum.at(top, c_owner, c_end)
-        # the cause: the last processed (latest ready, then index) of those ending last
+        # the cause: the last handled (latest post, then index) of those ending last
         late = c_end >= top[c_owner]
         order = np.lexsort((c_msg, c_ready, late, c_owner))
         last_of = order[np.r_[c_owner[order][1:] != c_owner[order][:-1], True]]
@@ -101,21 +216,32 @@ def wave_times(f, dur, wt, nic_inter=None, kpn=1, record=False, itemsize=1):
         cur[ready] = g + 1
         settle(ready)
         active = active[cur[active] < last[active]]
-    if m_src.size and (m_src < 0).any():
+    return finish, link_cause, link_time, post, seq
+
+
+def wave_times(f, dur, wt, nic_inter=None, kpn=1, record=False, itemsize=1):
+    """(finish per rank, links, messages) as ``timing.time_plans`` returns them, or None."""
+    if dur.size and not (dur > 0).all():
+        return None  # zero durations tie post times the event loop orders differently
+    if f.s_match.size and (f.s_match < 0).any():
         return None
-    start = post[f.s_step]
-    end = start + dur
-    if _overlap(f.s_peer, start, end):
-        return None
-    if nic_inter is not None and nic_inter.any():
-        sel = nic_inter
-        if _overlap(f.s_rank[sel] // kpn, start[sel], end[sel]) or _overlap(f.s_peer[sel] // kpn, start[sel],
-                                                                             end[sel]):
+    nic = nic_inter if nic_inter is not None and nic_inter.any() else None
+    idx = np.arange(len(dur))
+    for window in (False, True):  # waves of whole steps first (rings, gathers), checked after
+        ports = _Ports(f, dur, nic, kpn)
+        run = _run(f, dur, wt, ports, window)
+        if run is None:
             return None
+        finish, link_cause, link_time, post, seq = run
+        at = post[f.s_step]
+        if window or (_in_order(f.s_rank, seq, at, idx) and _in_order(f.s_peer, seq, at, idx) and (
+                nic is None or all(_in_order(node[nic], seq[nic], at[nic], idx[nic])
+                                   for node in (f.s_rank // kpn, f.s_peer // kpn)))):
+            break
     messages = []
     if record:
-        order = np.lexsort((np.arange(len(start)), start))
+        order = np.lexsort((np.arange(len(at)), at))  # the event loop's order
         lstep = f.s_step - f.start[f.s_rank]
-        messages = list(zip(start[order].tolist(), end[order].tolist(), f.s_rank[order].tolist(),
+        messages = list(zip(ports.start[order].tolist(), ports.end[order].tolist(), f.s_rank[order].tolist(),
                             f.s_peer[order].tolist(), lstep[order].tolist(), (f.s_len[order] * itemsize).tolist()))
     return finish.tolist(), (link_cause.tolist(), link_time.tolist(), f), messages

@@ -2,7 +2,10 @@
 
 A message of m bytes holds its sender's send port and its receiver's receive port (and, with a
 shared NIC, both nodes' network ports) for alpha + m beta, starting in the order of its post
-time; a rank's step ends when all its messages have, then its reductions take gamma per byte.
+time, ties broken by message index (the lower rank first, then the earlier step, then post
+order: a deterministic model); a rank's step ends when all its messages have, then its
+reductions take gamma per byte. ``collectives._waves`` computes the same schedule in
+vectorised waves; the event loop below runs where it cannot.
 """
 import bisect
 import heapq
@@ -45,7 +48,7 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
         nic_arr = (~same).tolist() if topology.shared_nic else None
     wave = wave_times(f, dur_arr, f.work * itemsize * gamma, None if topology is None or not topology.shared_nic
                       else ~same, topology.ranks_per_node if topology else 1, record, itemsize)
-    if wave is not None:  # no message ever waited for a port: the same answer without the event loop
+    if wave is not None:  # every port served its messages in (post, index) order: the event loop's answer
         return wave
     dur = dur_arr.tolist()
     s_src = f.s_rank.tolist()
@@ -69,7 +72,10 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
     outstanding = [0] * p
     post = [0.0] * p
     latest = [0.0] * p
-    cause = [-1] * p  # 2 * peer + (0 send, 1 receive): the message that ended the step last
+    # 2 * peer + (0 send, 1 receive): the message that ended the step last (ties: the last
+    # handled), or while none ended at or after the post (``settled`` false), the last handled
+    cause = [-1] * p
+    settled = [False] * p
     finish = [0.0] * p
     send_free = [0.0] * p
     recv_free = [0.0] * p
@@ -84,12 +90,10 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
     heap = []
     push, pop = heapq.heappush, heapq.heappop
     messages = []
-    seq = 0
 
     def advance(rank, g, when):
         """Start step g of ``rank`` at ``when`` (skipping steps without messages, and steps
         whose messages are all receives that already ended)."""
-        nonlocal seq
         stop = last[rank]
         while g < stop:
             m = nmsg[g]
@@ -97,7 +101,8 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
                 k = early_n[g]
                 if k:
                     e = early_end[g]
-                    lat, why = (e, early_max[g]) if e > when else (when, early_last[g])
+                    late = e >= when
+                    lat, why = (e, early_max[g]) if late else (when, early_last[g])
                     if m == k:  # nothing left to wait for: the step ends at once
                         link_cause[g] = why
                         link_time[g] = lat
@@ -105,15 +110,17 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
                         g += 1
                         continue
                     cause[rank] = why
+                    settled[rank] = late
                 else:
                     lat = when
+                    cause[rank] = -1
+                    settled[rank] = False
                 post[rank] = when
                 latest[rank] = lat
                 outstanding[rank] = m - k
                 cur[rank] = g
                 if ss[g + 1] > ss[g]:  # the step's sends start in post order: one heap entry for all
-                    push(heap, (when, seq, g))
-                    seq += 1
+                    push(heap, (when, g))  # ties: the lower step number, so the lower message index
                 return
             when += wt[g]
             g += 1
@@ -123,7 +130,7 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
     for rank in range(p):
         advance(rank, first[rank], 0.0)
     while heap:
-        ready, _, step = pop(heap)
+        ready, step = pop(heap)
         for i in range(ss[step], ss[step + 1]):
             src = s_src[i]
             dst = s_dst[i]
@@ -148,6 +155,9 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
             if end >= latest[src]:
                 latest[src] = end
                 cause[src] = 2 * dst
+                settled[src] = True
+            elif not settled[src]:
+                cause[src] = 2 * dst
             outstanding[src] -= 1
             if not outstanding[src]:
                 g = cur[src]
@@ -159,6 +169,9 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
             if cur[dst] == g and outstanding[dst] > 0:
                 if end >= latest[dst]:
                     latest[dst] = end
+                    cause[dst] = 2 * src + 1
+                    settled[dst] = True
+                elif not settled[dst]:
                     cause[dst] = 2 * src + 1
                 outstanding[dst] -= 1
                 if not outstanding[dst]:
