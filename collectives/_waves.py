@@ -28,26 +28,21 @@ def _ranges(lo, hi):
     return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(total)
 
 
-def _in_order(port, seq, post, idx):
-    """True when every port served its messages (in issue order ``seq``) by (post, index)."""
-    if len(port) < 2:
-        return True
-    order = np.lexsort((seq, port))
-    port, post, idx = port[order], post[order], idx[order]
-    same = port[1:] == port[:-1]
-    early = (post[1:] < post[:-1]) | ((post[1:] == post[:-1]) & (idx[1:] < idx[:-1]))
-    return not (same & early).any()
-
-
 class _Ports:
-    """The free time of every port; issues a wave's sends onto them."""
+    """The free time of every port; issues a wave's sends onto them. With ``check``, issuing a
+    message behind one of a later (post, index) on its port answers None (the waves then run
+    again, windowed)."""
 
     JACOBI_ROUNDS = 24  # longer queues in one wave are served one message at a time
 
-    def __init__(self, f, dur, nic_inter, kpn):
-        self.f, self.dur, self.p = f, dur, f.p
+    def __init__(self, f, dur, nic_inter, kpn, check):
+        self.f, self.dur, self.p, self.check = f, dur, f.p, check
         nodes = (f.p + kpn - 1) // kpn
-        self.free = np.zeros(2 * f.p + (2 * nodes if nic_inter is not None else 0))
+        nports = 2 * f.p + (2 * nodes if nic_inter is not None else 0)
+        self.nports = nports
+        self.free = np.zeros(nports)
+        self.last_post = np.full(nports, -np.inf)  # the (post, index) of each port's last message
+        self.last_id = np.full(nports, -1, np.int64)
         self.nic = nic_inter
         self.kpn, self.nodes = kpn, nodes
         self.start = np.zeros(len(dur))
@@ -55,7 +50,7 @@ class _Ports:
         self.issued = np.zeros(len(dur), bool)
 
     def ports_of(self, ids):
-        """(port, position in ``ids``) pairs: send port, receive port, NIC ports."""
+        """Per message of ``ids``: its ports (send port first) and the positions they belong to."""
         f, p = self.f, self.p
         n = len(ids)
         pos = np.arange(n)
@@ -66,23 +61,46 @@ class _Ports:
                 sel = ids[inter]
                 ports += [2 * p + f.s_rank[sel] // self.kpn, 2 * p + self.nodes + f.s_peer[sel] // self.kpn]
                 owners += [pos[inter], pos[inter]]
-        return np.concatenate(ports), np.concatenate(owners)
+        return ports, owners
+
+    def in_order(self, port, ids, post):
+        """True when ``ids`` (each the first of the wave on ``port``) follow the port's last."""
+        lp = self.last_post[port]
+        return not ((post < lp) | ((post == lp) & (ids < self.last_id[port]))).any()
 
     def issue(self, ids, post):
         """Start the messages ``ids`` (sorted by (post, index)) as the event loop would."""
         if not ids.size:
             return ids
         dur = self.dur[ids]
-        port, owner = self.ports_of(ids)
-        order = np.lexsort((owner, port))
-        port, owner = port[order], owner[order]
-        head = np.ones(len(port), bool)
-        head[1:] = port[1:] != port[:-1]
-        floor = post.copy()
-        np.maximum.at(floor, owner[head], self.free[port[head]])
-        after, before = owner[1:][~head[1:]], owner[:-1][~head[1:]]  # queued behind ``before``
-        start = floor
-        if after.size:
+        ports, owners = self.ports_of(ids)
+        port = np.concatenate(ports)
+        if np.bincount(port, minlength=self.nports).max() <= 1:  # no queue: each port once
+            start = post
+            for i, (q, o) in enumerate(zip(ports, owners)):
+                if self.check and i and not self.in_order(q, ids[o], post[o]):
+                    return self.refuse()  # (the send port, i == 0, serves its rank in index order)
+                if len(o) == len(ids):
+                    start = np.maximum(start, self.free[q])
+                else:  # a NIC port, for the messages between nodes
+                    start = start.copy()
+                    start[o] = np.maximum(start[o], self.free[q])
+            end = start + dur
+            for q, o in zip(ports, owners):
+                self.free[q] = end[o]
+                self.last_post[q], self.last_id[q] = post[o], ids[o]
+        else:
+            owner = np.concatenate(owners)
+            order = np.lexsort((owner, port))
+            port, owner = port[order], owner[order]
+            head = np.ones(len(port), bool)
+            head[1:] = port[1:] != port[:-1]
+            if self.check and not self.in_order(port[head], ids[owner[head]], post[owner[head]]):
+                return self.refuse()
+            floor = post.copy()
+            np.maximum.at(floor, owner[head], self.free[port[head]])
+            after, before = owner[1:][~head[1:]], owner[:-1][~head[1:]]  # queued behind ``before``
+            start = floor
             for _ in range(self.JACOBI_ROUNDS):
                 new = floor.copy()
                 np.maximum.at(new, after, start[before] + dur[before])
@@ -91,13 +109,21 @@ class _Ports:
                 start = new
             else:
                 start = self.serve(port, owner, head, post, dur)
-        end = start + dur
-        tail = np.ones(len(port), bool)
-        tail[:-1] = head[1:]
-        self.free[port[tail]] = end[owner[tail]]  # the last message of each queue ends last
+            end = start + dur
+            tail = np.ones(len(port), bool)
+            tail[:-1] = head[1:]
+            last = owner[tail]
+            self.free[port[tail]] = end[last]  # the last message of each queue ends last
+            self.last_post[port[tail]], self.last_id[port[tail]] = post[last], ids[last]
         self.start[ids], self.end[ids] = start, end
         self.issued[ids] = True
         return ids
+
+    def refuse(self):
+        self.out_of_order = True
+        return None
+
+    out_of_order = False
 
     def serve(self, port, owner, head, post, dur):
         """One message at a time, in order (a long queue)."""
@@ -121,8 +147,8 @@ class _Ports:
 
 
 def _run(f, dur, wt, ports, window):
-    """The waves over ``ports``: (finish, link cause, link time, post per step, issue order), or
-    None at a deadlock. With ``window``, a wave issues only the messages posted before the
+    """The waves over ``ports``: (finish, link cause, link time, post per step), or None (a
+    deadlock, or ``ports`` refused a message). With ``window``, a wave issues only the messages posted before the
     earliest waiting one's post plus the shortest duration (any step posted later posts after
     some waiting message ends): every port then serves in (post, index) order."""
     p, G = f.p, f.steps_total
@@ -137,8 +163,6 @@ def _run(f, dur, wt, ports, window):
     when = np.zeros(p)
     issued = ports.issued
     dmin = float(dur.min()) if dur.size else 1.0
-    seq = np.zeros(len(dur), np.int64)
-    count = 0
     fresh = []  # steps posted since the last issue
 
     def settle(ranks):
@@ -174,8 +198,8 @@ def _run(f, dur, wt, ports, window):
                 pending = pending[:0]
         order = np.lexsort((ids, at))
         went = ports.issue(ids[order], at[order])
-        seq[went] = np.arange(count, count + len(went))
-        count += len(went)
+        if went is None:
+            return None  # a port would serve out of (post, index) order
         ready = active
         g = cur[ready]
         counts = f.rs[g + 1] - f.rs[g]
@@ -216,7 +240,7 @@ def _run(f, dur, wt, ports, window):
         cur[ready] = g + 1
         settle(ready)
         active = active[cur[active] < last[active]]
-    return finish, link_cause, link_time, post, seq
+    return finish, link_cause, link_time, post
 
 
 def wave_times(f, dur, wt, nic_inter=None, kpn=1, record=False, itemsize=1):
@@ -226,18 +250,15 @@ def wave_times(f, dur, wt, nic_inter=None, kpn=1, record=False, itemsize=1):
     if f.s_match.size and (f.s_match < 0).any():
         return None
     nic = nic_inter if nic_inter is not None and nic_inter.any() else None
-    idx = np.arange(len(dur))
-    for window in (False, True):  # waves of whole steps first (rings, gathers), checked after
-        ports = _Ports(f, dur, nic, kpn)
+    for window in (False, True):  # waves of whole steps first (rings, gathers), windowed if out of order
+        ports = _Ports(f, dur, nic, kpn, check=not window)
         run = _run(f, dur, wt, ports, window)
-        if run is None:
-            return None
-        finish, link_cause, link_time, post, seq = run
-        at = post[f.s_step]
-        if window or (_in_order(f.s_rank, seq, at, idx) and _in_order(f.s_peer, seq, at, idx) and (
-                nic is None or all(_in_order(node[nic], seq[nic], at[nic], idx[nic])
-                                   for node in (f.s_rank // kpn, f.s_peer // kpn)))):
+        if run is not None:
             break
+        if window or not ports.out_of_order:
+            return None  # a deadlock: the event loop names it
+    finish, link_cause, link_time, post = run
+    at = post[f.s_step]
     messages = []
     if record:
         order = np.lexsort((np.arange(len(at)), at))  # the event loop's order
