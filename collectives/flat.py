@@ -71,35 +71,33 @@ class _Flat:
         self.in_count = np.fromiter((plan.in_count for plan in plans), np.int64, p)
         self.out_count = np.fromiter((plan.out_count for plan in plans), np.int64, p)
         self.tmp_count = np.fromiter((plan.tmp_count for plan in plans), np.int64, p)
-        sends, recvs, local = [], [], []
-        ns, nr, nl = [], [], []
-        for plan in plans:
-            if plan.steps:
-                s_, r_, l_ = zip(*plan.steps)
-                ns += map(len, s_)
-                nr += map(len, r_)
-                nl += map(len, l_)
-                sends += chain.from_iterable(s_)
-                recvs += chain.from_iterable(r_)
-                local += chain.from_iterable(l_)
-            ns.append(0)
-            nr.append(0)
-            nl.append(0)
         G = int(start[-1])
         self.steps_total = G
         self.step_rank = np.repeat(np.arange(p, dtype=np.int64), nsteps + 1)
+        # every rank's steps in one sequence, taken apart once (no loop over ranks)
+        steps = list(chain.from_iterable(plan.steps for plan in plans))
+        n_real = len(steps)
+        s_, r_, l_ = zip(*steps) if steps else ((), (), ())
+        del steps
+        # rank r's step s is numbered start[r] + s = (steps before rank r) + r + s
+        at = np.arange(n_real, dtype=np.int64) + np.repeat(np.arange(p, dtype=np.int64), nsteps)
 
-        def offsets(counts):
+        def offsets(parts):
+            counts = np.zeros(G, np.int64)
+            counts[at] = np.fromiter(map(len, parts), np.int64, n_real)
             out = np.zeros(G + 1, np.int64)
-            np.cumsum(np.fromiter(counts, np.int64, G), out=out[1:])
+            np.cumsum(counts, out=out[1:])
             return out
 
-        self.ss, self.rs, self.ls = offsets(ns), offsets(nr), offsets(nl)
-        del ns, nr, nl
-        S = np.fromiter(chain.from_iterable(sends), np.int64, 5 * len(sends)).reshape(-1, 5)
-        del sends
-        R = np.fromiter(chain.from_iterable(recvs), np.int64, 5 * len(recvs)).reshape(-1, 5)
-        del recvs
+        self.ss, self.rs, self.ls = offsets(s_), offsets(r_), offsets(l_)
+        del at
+        nsend, nrecv = int(self.ss[-1]), int(self.rs[-1])
+        S = np.fromiter(chain.from_iterable(chain.from_iterable(s_)), np.int64, 5 * nsend).reshape(-1, 5)
+        del s_
+        R = np.fromiter(chain.from_iterable(chain.from_iterable(r_)), np.int64, 5 * nrecv).reshape(-1, 5)
+        del r_
+        local = list(chain.from_iterable(l_))
+        del l_
         gid = np.arange(G, dtype=np.int64)
         self.s_step = np.repeat(gid, np.diff(self.ss))
         self.r_step = np.repeat(gid, np.diff(self.rs))

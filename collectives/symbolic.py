@@ -248,7 +248,7 @@ class _Verifier(StaticChecks):
         m = f.r_match[rids]
         lens = f.r_len[rids]
         which = s_chunk[m]
-        waves = np.unique(which)
+        waves = which[:1] if which.min() == which.max() else np.unique(which)
         for c in waves.tolist():
             sel = slice(None) if len(waves) == 1 else np.flatnonzero(which == c)
             here = _expand(self.r_addr[rids[sel]], lens[sel], self.index)
