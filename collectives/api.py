@@ -6,12 +6,11 @@ listing the valid choices), finds or builds the cached plan for
 the communicator's reusable scratch, and hands them to the executor.
 """
 
-from collections import OrderedDict
-
 import numpy as np
 
 from . import algorithms as _algorithms
 from . import config
+from . import session as _session
 from .backend import NUMPY, backend_for
 from .comm import base as _comm_base
 from .comm.base import Communicator
@@ -26,9 +25,7 @@ def maybe_check(comm, kind, algorithm, op, dtype, count, params):
 
         agree(comm, kind, algorithm, op, dtype, count, params)
 
-_PLAN_CACHE_SIZE = 512
-_plans = OrderedDict()
-_op_checks = {}
+_op_checks = {}  # (op, dtype, backend) -> ufunc: the same for every communicator
 
 
 def algorithms():
@@ -78,23 +75,16 @@ def _failed(comm, what, exc):
     comm.on_failure(exc)
 
 
-def _cached_plan(key, make):
-    plan = _plans.get(key)
-    if plan is None:
-        plan = make()
-        _plans[key] = plan
-        if len(_plans) > _PLAN_CACHE_SIZE:
-            _plans.popitem(last=False)
-    else:
-        _plans.move_to_end(key)
-    return plan
+def _cached_plan(comm, key, make):
+    """``comm``'s cached plan for ``key`` (its session holds it), made by ``make()`` on first use."""
+    return comm.session.plan(key, make)
 
 
 def clear_caches():
-    """Drop the cached plans and call shapes (scratch buffers live and die with their communicator)."""
-    _plans.clear()
-    _fast.clear()
-    _programs.clear()
+    """Drop every communicator's cached plans, programs and call shapes (scratch buffers and
+    windows live and die with their communicator)."""
+    _session.clear_all()
+    _recent[:] = [_NO_CALL, None, None]
     _last[:] = [_NO_CALL] * 8
 
 
@@ -103,35 +93,22 @@ def library_memory(comm=None):
     ``scratch`` (the executor's, one buffer per dtype shared by every algorithm), ``programs``
     (the work and scratch buffers of cached small-message programs, each within its message;
     ``program_shapes`` of them) and ``shm_window`` (this rank's segment of the shm window)."""
-    ours = as_comm(comm)
-    scratch = sum(buf.nbytes for buf in ours.__dict__.get("_collectives_scratch", {}).values())
-    held = [program for owner, program in _programs.values() if owner is ours]
-    return {"scratch": scratch,
-            "programs": sum(program.work.nbytes + program.tmp.nbytes for program in held),
-            "program_shapes": len(held),
-            "shm_window": _algorithms.get("shm").window_bytes(ours) if "shm" in _algorithms.names() else 0}
+    held = as_comm(comm).session.memory()
+    return {"scratch": held["scratch"], "programs": held["programs"], "program_shapes": held["program_shapes"],
+            "shm_window": held["windows"]}
 
 
 def _forget(comm):
-    """Drop every cached call shape and program bound to ``comm`` (ours), which is being released."""
-    for key in [key for key, (ours, _) in _programs.items() if ours is comm]:
-        del _programs[key]
-    for key in [key for key, hit in _fast.items() if hit[1] is comm]:
-        del _fast[key]
+    """Drop ``comm``'s cached call shapes and programs (it failed, or is being released), and the
+    module's memo of the last call where it names ``comm``."""
+    comm.session.forget()
     if _last[7] is comm:
         _last[:] = [_NO_CALL] * 8
+    if _recent[1] is comm:
+        _recent[:] = [_NO_CALL, None, None]
 
 
 _comm_base.on_release.append(_forget)
-
-
-def _scratch(comm, backend, dtype, count):
-    store = comm.__dict__.setdefault("_collectives_scratch", {})
-    key = (backend.name, dtype)
-    buf = store.get(key)
-    if buf is None or buf.size < count:
-        buf = store[key] = backend.empty(max(count, 1), dtype)
-    return buf
 
 
 def _ufuncs(op, dtype, backend, size):
@@ -161,7 +138,7 @@ def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, fast
     try:
         if fast is not None and fast(comm, flat_in, flat_out, reduce_fn, final_fn):
             return
-        tmp = _scratch(comm, backend, flat_out.dtype, plan.tmp_count)
+        tmp = comm.session.scratch_buffer(backend, flat_out.dtype, plan.tmp_count)
         sync = backend.synchronize if backend.is_device else None
         execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync, signature)
     except CollectiveError as exc:
@@ -171,22 +148,14 @@ def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, fast
 
 # Messages up to this many bytes run as prepared programs where the transport has them (MPI).
 PROGRAM_MAX_BYTES = 16 << 10
-_programs = OrderedDict()  # (id(comm), algorithm, op, dtype, count, params) -> (comm, Program)
 
 
 def _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what):
     if not comm.prepares_steps or count * dtype.itemsize > PROGRAM_MAX_BYTES or getattr(module, "run", None):
         return None
-    key = (id(comm), name, op, dtype, count, tuple(sorted(params.items())))
-    hit = _programs.get(key)
-    if hit is not None and hit[0] is comm:
-        return hit[1]
     tag_key = signature("allreduce", name, op, dtype, count, params) if comm.signed else f"allreduce|{name}|{op}"
-    program = Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what, tag_key)
-    _programs[key] = (comm, program)
-    if len(_programs) > _PLAN_CACHE_SIZE:
-        _programs.popitem(last=False)
-    return program
+    return comm.session.program((name, op, dtype, count, tuple(sorted(params.items()))),
+                                lambda: Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what, tag_key))
 
 
 def _run_program(program, comm, sendbuf, recvbuf):
@@ -211,10 +180,12 @@ def _select(name, comm, nbytes, dtype):
     return name
 
 
-_fast = {}  # (id(comm), algorithm, op, dtype, count) -> what a repeated call needs
 _no_overrides = config.no_overrides
 _NO_CALL = object()
 _last = [_NO_CALL] * 8  # (sendbuf, recvbuf, comm, algorithm, op, dtype, program, our comm) of the last program call
+# the comm argument of the last call that took the slow path, our communicator for it, and its
+# session's call shapes (which hold no communicator: no reference cycle keeps a dead one alive)
+_recent = [_NO_CALL, None, None]
 
 
 def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, **options):
@@ -237,11 +208,12 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
             raise
         return recvbuf
     # the short path: a call shape seen before, contiguous NumPy buffers, no options
-    if not options and type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous \
+    if not options and comm is _recent[0] and type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous \
             and _no_overrides():
-        hit = _fast.get((id(comm), algorithm, op, sendbuf.dtype, sendbuf.size))
-        if hit is not None and hit[0] is comm:
-            _, ours, plan, reduce_fn, final_fn, what, fast, program, sig = hit
+        hit = _recent[2].get((algorithm, op, sendbuf.dtype, sendbuf.size))
+        if hit is not None:
+            ours = _recent[1]
+            plan, reduce_fn, final_fn, what, fast, program, sig = hit
             if program is not None:  # small message: a prepared program copies in and out itself
                 if recvbuf is None:
                     result = np.empty(sendbuf.shape, sendbuf.dtype)
@@ -305,10 +277,8 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     params = _algorithms.plan_params(module, options, comm) if (options or module.OPTIONS) else {}
     count = sendbuf.size
     key = ("allreduce", name, comm.size, comm.rank, count, dtype.itemsize, tuple(sorted(params.items())))
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _cached_plan(key, lambda: module.build(comm.rank, comm.size, count,
-                                                      itemsize=dtype.itemsize, **params))
+    plan = comm.session.plan(key, lambda: module.build(comm.rank, comm.size, count, itemsize=dtype.itemsize,
+                                                       **params))
     if config.check_enabled():
         from .check import agree
         agree(comm, "allreduce", name, op, dtype, count, params)
@@ -318,10 +288,11 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     program = _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what) \
         if backend is NUMPY else None
     if not options and backend is NUMPY and not config.check_enabled() and config.forced_algorithm() is None:
-        if len(_fast) > 1024:
-            _fast.clear()
-        _fast[(id(user_comm), algorithm, op, dtype, count)] = (user_comm, comm, plan, reduce_fn, final_fn, what,
-                                                               fast, program, sig)
+        shapes = comm.session.shapes
+        if len(shapes) > 1024:
+            shapes.clear()
+        shapes[(algorithm, op, dtype, count)] = (plan, reduce_fn, final_fn, what, fast, program, sig)
+        _recent[:] = [user_comm, comm, shapes]
     if program is not None:
         source = sendbuf if backend.is_contiguous(sendbuf) else backend.flat_contiguous(sendbuf)
         if recvbuf is None:

@@ -34,7 +34,7 @@ def reduce_scatter(sendbuf, *, op="sum", comm=None, algorithm="ring"):
     comm = _usable(comm)
     reduce_fn, final_fn = _ufuncs(op, sendbuf.dtype, backend, comm.size)
     count = sendbuf.size
-    plan = _cached_plan(("reduce_scatter", algorithm, comm.size, comm.rank, count),
+    plan = _cached_plan(comm, ("reduce_scatter", algorithm, comm.size, comm.rank, count),
                         lambda: builder(comm.rank, comm.size, count))
     maybe_check(comm, "reduce_scatter", algorithm, op, sendbuf.dtype, count, {})
     out = backend.empty(count, sendbuf.dtype)
@@ -48,7 +48,7 @@ def _exchange_counts(comm, count):
     """Every rank's element count, through a fixed-size int64 all-gather (no pickling)."""
     counts = np.zeros(comm.size, dtype=np.int64)
     mine = np.array([count], dtype=np.int64)
-    plan = _cached_plan(("allgather", "counts", comm.size, comm.rank),
+    plan = _cached_plan(comm, ("allgather", "counts", comm.size, comm.rank),
                         lambda: _blocks.allgather_ring(comm.rank, comm.size, list(range(comm.size + 1))))
     _run(plan, comm, NUMPY, mine, counts, None, None, "allgather(counts)",
          signature=signature("allgather", "counts", "", mine.dtype, comm.size))
@@ -70,7 +70,7 @@ def allgather(sendbuf, *, comm=None, algorithm="ring"):
     bounds = [0]
     for c in counts:
         bounds.append(bounds[-1] + c)
-    plan = _cached_plan(("allgather", algorithm, comm.size, comm.rank, tuple(bounds)),
+    plan = _cached_plan(comm, ("allgather", algorithm, comm.size, comm.rank, tuple(bounds)),
                         lambda: builder(comm.rank, comm.size, bounds))
     out = backend.empty(bounds[-1], sendbuf.dtype)
     _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, None, None, f"allgather({algorithm})",
@@ -95,7 +95,7 @@ def broadcast(buf, *, root=0, comm=None, algorithm="binomial"):
     root = _check_root(root, comm)
     count = buf.size
     sig = signature("broadcast", algorithm, "", buf.dtype, count, {"root": root})
-    plan = _cached_plan(("broadcast", algorithm, comm.size, comm.rank, count, root),
+    plan = _cached_plan(comm, ("broadcast", algorithm, comm.size, comm.rank, count, root),
                         lambda: builder(comm.rank, comm.size, count, root=root))
     maybe_check(comm, "broadcast", algorithm, "sum", buf.dtype, count, {"root": root})
     if backend.is_contiguous(buf):
@@ -118,7 +118,7 @@ def reduce(sendbuf, *, root=0, op="sum", comm=None, algorithm="binomial"):
     root = _check_root(root, comm)
     reduce_fn, final_fn = _ufuncs(op, sendbuf.dtype, backend, comm.size)
     count = sendbuf.size
-    plan = _cached_plan(("reduce", algorithm, comm.size, comm.rank, count, root),
+    plan = _cached_plan(comm, ("reduce", algorithm, comm.size, comm.rank, count, root),
                         lambda: builder(comm.rank, comm.size, count, root=root))
     maybe_check(comm, "reduce", algorithm, op, sendbuf.dtype, count, {"root": root})
     out = backend.empty(count, sendbuf.dtype)

@@ -64,7 +64,7 @@ def agree(comm, kind, algorithm, op, dtype, count, params):
     width = len(FIELDS)
     table = np.zeros(comm.size * width, dtype=np.int64)
     bounds = [r * width for r in range(comm.size + 1)]
-    plan = _cached_plan(("allgather", "check", comm.size, comm.rank),
+    plan = _cached_plan(comm, ("allgather", "check", comm.size, comm.rank),
                         lambda: blocks.allgather_ring(comm.rank, comm.size, bounds))
     _run(plan, comm, NUMPY, mine, table, None, None, f"{kind}({algorithm}) check", signature="check")
     table = table.reshape(comm.size, width)

@@ -41,7 +41,6 @@ import zlib
 
 import numpy as np
 
-from ..comm import base as _comm_base
 from ..errors import MismatchError
 from ..ops import DTYPES, OPS
 from ..plan import IN, OUT, TMP, PlanBuilder, block_bounds
@@ -141,6 +140,9 @@ class _Window:
         n = count * dtype.itemsize
         return [seg[half:half + n].view(dtype) for seg in self.segments]
 
+    def nbytes_held(self):
+        return self.halves * self.nbytes
+
     def free(self):
         self.segments = self.headers = self.header = None
         self.win.Unlock_all()
@@ -207,18 +209,8 @@ def _mismatch(headers):
 
 def window_bytes(comm):
     """Bytes of this rank's window segment for ``comm`` (0 before its first shm call)."""
-    window = comm.__dict__.get("_shm_window")
-    return window.halves * window.nbytes if window is not None else 0
-
-
-def _release(comm):
-    """Free ``comm``'s window when the communicator is released (collective, as freeing it is)."""
-    window = comm.__dict__.pop("_shm_window", None)
-    if window is not None:
-        window.free()
-
-
-_comm_base.on_release.append(_release)
+    window = comm.session.windows.get(NAME)
+    return window.nbytes_held() if window is not None else 0
 
 
 def _publish(segment, inbuf, lo, hi):
@@ -237,9 +229,10 @@ def run(comm, inbuf, outbuf, reduce_fn, final_fn):
         return False
     count, dtype = inbuf.size, inbuf.dtype
     nbytes = count * dtype.itemsize
-    window = comm.__dict__.get("_shm_window")
+    windows = comm.session.windows  # the session frees it with the communicator
+    window = windows.get(NAME)
     if window is None:  # every rank's first call: the same fixed size everywhere, so collective
-        window = comm._shm_window = _Window(comm, _FIRST_CAPACITY)
+        window = windows[NAME] = _Window(comm, _FIRST_CAPACITY)
     seq = window.seq = window.seq + 1
     codes = _codes.get((dtype, reduce_fn, final_fn is None))
     if codes is None:
@@ -268,7 +261,7 @@ def run(comm, inbuf, outbuf, reduce_fn, final_fn):
         if nbytes > window.nbytes:
             window.free()
             grown = max(nbytes, 2 * window.nbytes) if nbytes <= _DOUBLE_MAX else nbytes
-            window = comm._shm_window = _Window(comm, grown, seq)
+            window = windows[NAME] = _Window(comm, grown, seq)
         # (a single-region window: every rank is past the last call's reads, so publish now)
         views = window.views(dtype, count, seq)
         _publish(views[rank], inbuf, lo, hi)

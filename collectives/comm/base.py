@@ -9,6 +9,7 @@ as raw bytes, never pickled.
 import zlib
 
 from ..errors import CollectiveError, MismatchError
+from ..session import Session
 
 # Callbacks run with a communicator that is being released (``close()``): caches holding state
 # bound to it (the API's prepared programs and call shapes) drop it.
@@ -33,6 +34,14 @@ class Communicator:
     # for a communicator wrapped under COLLECTIVES_GUARD=0 (to measure what the guard costs).
     signed = True
     failed = None  # (call, error) of the call that failed on this communicator
+
+    def __getattr__(self, name):
+        # ``session``: what the library holds for this communicator (collectives/session.py), made
+        # on first use; a plain attribute afterwards, so the hot path pays nothing for it
+        if name == "session":
+            session = self.session = Session()
+            return session
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # point-to-point (transports implement isend, irecv, waitall)
     def isend(self, buf, dest, tag=0):
@@ -142,9 +151,13 @@ class Communicator:
     prepares_steps = False  # True where a prepared step is cheaper to rerun than exchange()
 
     def close(self):
-        """Release what the communicator holds; the default holds nothing to release."""
+        """Release what the library holds for the communicator: the release hooks run (the API
+        forgets its memo of the last call), then the session frees its windows and caches."""
         for hook in on_release:
             hook(self)
+        session = self.__dict__.get("session")
+        if session is not None:
+            session.close()
 
     def prepare(self, sends, recvs, tag, what):
         """One step bound to fixed buffers and a fixed tag, as a callable that reruns it."""
