@@ -83,9 +83,10 @@ def choose(comm, nbytes, dtype):
             from .mpilib import describe
 
             library = describe()
-        table_choice = tuning.lookup(comm.size, nbytes, dtype, library)
+        table_choice = tuning.lookup(comm.size, nbytes, dtype, library, tuning.topology_key(hosts))
         if table_choice is not None and table_choice in _algorithms.names():  # a plugin not loaded now
-            hit = (table_choice, f"tuning table, {library}" if library else "tuning table")
+            hit = (table_choice, (f"tuning table, {library}" if library else "tuning table")
+                   + (f", {describe_topology(hosts)}" if len(hosts) > 1 else ""))
         elif len(hosts) > 1:
             # across hosts: the two-level cost model (shm never spans hosts)
             candidates = [n for n in _algorithms.names() if n != "shm"]

@@ -100,6 +100,12 @@ def tune(comm, args, log=print):
         args.rounds = 15 if mpilib.ranks_per_core() > 1 else 5
     entries = []
     root = comm.rank == 0
+    from .api import as_comm
+    from .select import topology as _hosts
+
+    topology = tuning.topology_key(_hosts(as_comm(comm)))  # None on one host
+    if root and topology is not None:
+        log(f"# topology: {len(topology.split(','))} hosts with {topology} ranks")
     for dtype in args.datatypes:
         itemsize = dtype.itemsize
         counts = sorted({max(1, nbytes // itemsize)
@@ -137,8 +143,11 @@ def tune(comm, args, log=print):
             median = {name: float(np.median(times[count, name])) for name in args.algorithms}
             stored = {name: round(seconds * 1e6, 2) for name, seconds in median.items()}
             best = min(stored, key=stored.get)  # decided on the figures the file keeps (ties: the first)
-            entries.append({"size": comm.size, "dtype": str(dtype), "nbytes": count * itemsize,
-                            "algorithm": best, "times_us": stored})
+            entry = {"size": comm.size, "dtype": str(dtype), "nbytes": count * itemsize,
+                     "algorithm": best, "times_us": stored}
+            if topology is not None:
+                entry["topology"] = topology
+            entries.append(entry)
             if root:
                 log(f" {count * itemsize:>12}" + "".join(f"{median[name] * 1e6:>13.1f}" for name in args.algorithms)
                     + f"  {best}")
@@ -155,7 +164,7 @@ def merge(path, entries, library=None, eager_limit=None):
     """The file's entries for other (world size, dtype) pairs, plus ``entries``, as measured under
     ``library`` (default: this process's MPI library); a file of another library is replaced."""
     library = library or _library()
-    replaced = {(e["size"], e["dtype"]) for e in entries}
+    replaced = {(e["size"], e["dtype"], e.get("topology")) for e in entries}
     kept = []
     if os.path.exists(path):
         try:
@@ -164,7 +173,7 @@ def merge(path, entries, library=None, eager_limit=None):
             if (isinstance(old, dict) and old.get("format") == FORMAT and isinstance(old.get("entries"), list)
                     and old.get("mpi_library") == library):
                 kept = [e for e in old["entries"]
-                        if isinstance(e, dict) and (e.get("size"), e.get("dtype")) not in replaced]
+                        if isinstance(e, dict) and (e.get("size"), e.get("dtype"), e.get("topology")) not in replaced]
         except (OSError, ValueError):
             kept = []  # a corrupt file is replaced
         if eager_limit is None and kept and isinstance(old.get("eager_limit"), int):

@@ -49,7 +49,10 @@ def _read(where):
             table = {}
             for index, entry in enumerate(data["entries"]):
                 try:
-                    table.setdefault((int(entry["size"]), str(entry["dtype"])), []).append(
+                    topology = entry.get("topology")
+                    if topology is not None and not isinstance(topology, str):
+                        raise ValueError(f"topology is not a string: {topology!r}")
+                    table.setdefault((int(entry["size"]), str(entry["dtype"]), topology), []).append(
                         (int(entry["nbytes"]), str(entry["algorithm"])))
                 except (KeyError, TypeError, ValueError) as exc:
                     raise ValueError(f"entry {index} is malformed ({type(exc).__name__}: {exc})") from None
@@ -89,15 +92,23 @@ def eager_limit(library):
     return _meta[path()].get("eager_limit")
 
 
-def lookup(size, nbytes, dtype, library=None):
+def topology_key(hosts):
+    """The table's name for a topology: None for one host (as files without topologies mean),
+    else the ranks of each host, "2,2" or "2,1,2"."""
+    return None if len(hosts) <= 1 else ",".join(str(len(h)) for h in hosts)
+
+
+def lookup(size, nbytes, dtype, library=None, topology=None):
     """The table's algorithm for the call, or None; ``library`` (under MPI): the table must
-    have been measured under it."""
+    have been measured under it; ``topology`` (``topology_key``): entries measured on that
+    topology only (a table tuned on one host never decides for several, nor the reverse)."""
     table = _table()
     if not table or (library is not None and mismatch(library) is not None):
         return None
-    rows = table.get((size, str(dtype))) or table.get((size, "*"))
+    rows = table.get((size, str(dtype), topology)) or table.get((size, "*", topology))
     if not rows:  # tuned for another dtype at this world size: the choice follows the bytes
-        rows = [row for (s, _), found in sorted(table.items()) if s == size for row in found]
+        rows = [row for (s, _, t), found in sorted(table.items(), key=str) if s == size and t == topology
+                for row in found]
     if not rows:
         return None
     from .algorithms import names

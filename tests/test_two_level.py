@@ -61,3 +61,28 @@ def test_two_level_cost_model_prefers_topology_aware_algorithms_for_large_messag
     assert small not in ("two_level", "hierarchical_copy")
     assert select.describe_topology(hosts) == "2 hosts x 2 ranks"
     assert select.describe_topology(((0, 1), (2,), (3, 4))) == "3 hosts x 2,1,2 ranks"
+
+
+def test_the_tuning_table_is_keyed_by_topology(tmp_path, monkeypatch):
+    import json
+
+    from collectives import tuning
+
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"format": "collectives-tuning-1", "entries": [
+        {"size": 4, "dtype": "float32", "nbytes": 1 << 20, "algorithm": "rabenseifner"},
+        {"size": 4, "dtype": "float32", "nbytes": 1 << 20, "algorithm": "two_level", "topology": "2,2"},
+        {"size": 5, "dtype": "float32", "nbytes": 1 << 20, "algorithm": "hierarchical_copy", "topology": "2,1,2"}]}))
+    monkeypatch.setenv("COLLECTIVES_TUNING", str(path))
+    tuning.reload()
+    try:
+        assert tuning.topology_key([[0, 1, 2, 3]]) is None
+        assert tuning.topology_key([[0, 1], [2, 3]]) == "2,2"
+        assert tuning.lookup(4, 1 << 20, "float32") == "rabenseifner"
+        assert tuning.lookup(4, 1 << 20, "float32", topology="2,2") == "two_level"
+        assert tuning.lookup(5, 1 << 20, "float32", topology="2,1,2") == "hierarchical_copy"
+        assert tuning.lookup(5, 1 << 20, "float32") is None  # measured on 3 hosts: not for one
+        assert tuning.lookup(4, 1 << 20, "float32", topology="1,3") is None
+    finally:
+        monkeypatch.delenv("COLLECTIVES_TUNING")
+        tuning.reload()
