@@ -28,22 +28,23 @@ def _reps(nbytes, small=200, large=10):
     return max(large, min(small, int(small * 4096 / max(nbytes, 4096))))
 
 
-def _pingpong_mpi(comm, nbytes, reps):
+def _pingpong_mpi(comm, nbytes, reps, peer=1):
     buf = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(reps):
         if comm.rank == 0:
-            comm.Send(buf, 1, 7)
-            comm.Recv(buf, 1, 7)
-        elif comm.rank == 1:
+            comm.Send(buf, peer, 7)
+            comm.Recv(buf, peer, 7)
+        elif comm.rank == peer:
             comm.Recv(buf, 0, 7)
             comm.Send(buf, 0, 7)
     return (time.perf_counter() - start) / reps / 2
 
 
-def _pingpong_lib(comm, lib, nbytes, reps):
-    """The same ping-pong through the library's communicator: one ``exchange`` per message."""
+def _pingpong_lib(comm, lib, nbytes, reps, peer=1):
+    """The same ping-pong (rank 0 and ``peer``) through the library's communicator: one
+    ``exchange`` per message."""
     from .plan import NCHANNELS
 
     buf = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
@@ -52,9 +53,9 @@ def _pingpong_lib(comm, lib, nbytes, reps):
     start = time.perf_counter()
     for _ in range(reps):
         if comm.rank == 0:
-            lib.exchange([(1, buf, 0)], [], tag, "ping")
-            lib.exchange([], [(1, buf, 0)], tag, "pong")
-        elif comm.rank == 1:
+            lib.exchange([(peer, buf, 0)], [], tag, "ping")
+            lib.exchange([], [(peer, buf, 0)], tag, "pong")
+        elif comm.rank == peer:
             lib.exchange([], [(0, buf, 0)], tag, "ping")
             lib.exchange([(0, buf, 0)], [], tag, "pong")
     return (time.perf_counter() - start) / reps / 2
@@ -80,15 +81,16 @@ def _gamma(comm):
     return comm.allreduce(gamma) / comm.size
 
 
-def fit(comm, lib=None):
-    """(alpha, beta, gamma, details): the library-path fit, and the raw MPI numbers."""
-    raw = [min(_pingpong_mpi(comm, s, _reps(s)) for _ in range(3)) for s in PINGPONG_SIZES]
-    via = [min(_pingpong_lib(comm, lib, s, _reps(s)) for _ in range(3)) for s in PINGPONG_SIZES] if lib else raw
+def fit(comm, lib=None, peer=1, sizes=PINGPONG_SIZES):
+    """(alpha, beta, gamma, details): the library-path fit of rank 0's ping-pong with ``peer``,
+    and the raw MPI numbers."""
+    raw = [min(_pingpong_mpi(comm, s, _reps(s), peer) for _ in range(3)) for s in sizes]
+    via = [min(_pingpong_lib(comm, lib, s, _reps(s), peer) for _ in range(3)) for s in sizes] if lib else raw
     raw, via = comm.bcast((raw, via), root=0)
-    alpha, beta = _fit_line(PINGPONG_SIZES, via)
-    raw_alpha, raw_beta = _fit_line(PINGPONG_SIZES, raw)
+    alpha, beta = _fit_line(sizes, via)
+    raw_alpha, raw_beta = _fit_line(sizes, raw)
     gamma = _gamma(comm)
-    return alpha, beta, gamma, {"pingpong_sizes": PINGPONG_SIZES, "pingpong_library": via, "pingpong_mpi": raw,
+    return alpha, beta, gamma, {"pingpong_sizes": list(sizes), "pingpong_library": via, "pingpong_mpi": raw,
                                 "mpi_alpha": raw_alpha, "mpi_beta": raw_beta}
 
 
@@ -139,7 +141,22 @@ def main(args=None):
     sizes = _sizes(lo, hi, getattr(args, "stepfactor", None) or 4)
     collectives.barrier(comm)  # every rank is here (bounded by COLLECTIVES_TIMEOUT) before blocking MPI calls
     lib = as_comm(comm)
-    alpha, beta, gamma, details = fit(comm, lib)
+    from .select import describe_topology, topology as _hosts
+
+    hosts = _hosts(lib)
+    alpha, beta, gamma, details = fit(comm, lib, peer=hosts[0][1] if len(hosts[0]) > 1 else hosts[1][0])
+    two_level = None
+    if len(hosts) > 1:  # across hosts: rank 0 with a rank of the next host gives the inter-host line
+        # (up to 16 MiB: a shaped link passes its first burst faster than its rate)
+        inter_alpha, inter_beta, _, inter = fit(comm, lib, peer=hosts[1][0], sizes=PINGPONG_SIZES + [16 << 20])
+        per_host = {len(h) for h in hosts}
+        if len(per_host) == 1:
+            two_level = sim.Topology(per_host.pop(), (alpha, beta), (inter_alpha, inter_beta), True)
+        if comm.rank == 0:
+            print(f"# {describe_topology(hosts)}: inter-host ping-pong fit alpha {inter_alpha * 1e6:.2f} us, beta "
+                  f"{inter_beta * 1e9:.4f} ns/B ({1 / inter_beta / 1e6:.1f} MB/s)"
+                  + ("" if two_level else "; uneven hosts: predicted with the intra-host line only"))
+        details["inter"] = {"alpha": inter_alpha, "beta": inter_beta, "pingpong": inter["pingpong_library"]}
     rows = []
     if comm.rank == 0:
         print(f"# calibration on {comm.size} ranks, {os.cpu_count()} cores")
@@ -155,7 +172,7 @@ def main(args=None):
     for name in names:
         for nbytes in sizes:
             predicted = sim.simulate(name, ranks=comm.size, nbytes=nbytes, alpha=alpha, beta=beta, gamma=gamma,
-                                     verify_data=False).time
+                                     topology=two_level, verify_data=False).time
             measured = measure(comm, name, nbytes, reps=_reps(nbytes, small=31, large=5))
             ratio = measured / predicted if predicted else float("nan")
             rows.append({"algorithm": name, "size": nbytes, "measured": measured, "predicted": predicted,
