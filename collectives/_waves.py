@@ -75,7 +75,8 @@ class _Ports:
         dur = self.dur[ids]
         ports, owners = self.ports_of(ids)
         port = np.concatenate(ports)
-        if np.bincount(port, minlength=self.nports).max() <= 1:  # no queue: each port once
+        longest = int(np.bincount(port, minlength=self.nports).max())
+        if longest <= 1:  # no queue: each port once
             start = post
             for i, (q, o) in enumerate(zip(ports, owners)):
                 if self.check and i and not self.in_order(q, ids[o], post[o]):
@@ -100,14 +101,16 @@ class _Ports:
             floor = post.copy()
             np.maximum.at(floor, owner[head], self.free[port[head]])
             after, before = owner[1:][~head[1:]], owner[:-1][~head[1:]]  # queued behind ``before``
+            if longest > self.JACOBI_ROUNDS and len(ids) > 4 * longest:
+                return None  # many long queues (all to all): the event loop is quicker
             start = floor
-            for _ in range(self.JACOBI_ROUNDS):
+            for _ in range(self.JACOBI_ROUNDS if longest <= self.JACOBI_ROUNDS else 0):
                 new = floor.copy()
                 np.maximum.at(new, after, start[before] + dur[before])
                 if np.array_equal(new, start):
                     break
                 start = new
-            else:
+            else:  # queues longer than a few rounds settle: one message at a time
                 start = self.serve(port, owner, head, post, dur)
             end = start + dur
             tail = np.ones(len(port), bool)
@@ -146,15 +149,33 @@ class _Ports:
         return np.array(start)
 
 
+def _candidates(f):
+    """Per step, the messages that end it: its sends, then the sends its receives match (CSR
+    over steps: ``ptr``, message ids, cause codes 2 * peer + (0 send, 1 receive))."""
+    ptr = f.ss + f.rs
+    msg = np.empty(int(ptr[-1]), np.int64)
+    code = np.empty(int(ptr[-1]), np.int64)
+    at_s = f.rs[f.s_step] + np.arange(len(f.s_step))  # step g's sends start at ptr[g]
+    at_r = f.ss[f.r_step + 1] + np.arange(len(f.r_step))  # its receives after its sends
+    msg[at_s], code[at_s] = np.arange(len(f.s_step)), 2 * f.s_peer
+    msg[at_r], code[at_r] = f.r_match, 2 * f.r_peer + 1
+    return ptr, msg, code
+
+
 def _run(f, dur, wt, ports, window):
     """The waves over ``ports``: (finish, link cause, link time, post per step), or None (a
-    deadlock, or ``ports`` refused a message). With ``window``, a wave issues only the messages posted before the
-    earliest waiting one's post plus the shortest duration (any step posted later posts after
-    some waiting message ends): every port then serves in (post, index) order."""
+    deadlock, or ``ports`` refused a message). With ``window``, a wave issues only messages
+    posted before every post still to come: each rank's step ends no sooner than its messages
+    (those issued end when issued, the others after their post plus duration), and any step
+    posted later posts after some waiting message ends. Every port then serves in (post,
+    index) order."""
     p, G = f.p, f.steps_total
-    nsend = np.diff(f.ss)
-    nmsg = nsend + np.diff(f.rs)
+    if f.r_match.size and (f.r_match < 0).any():
+        return None  # a receive nobody sends: the event loop names it
+    ptr, cand_msg, cand_code = _candidates(f)
+    nmsg = np.diff(ptr)
     post = np.zeros(G)
+    known = np.zeros(G, bool)
     link_time = np.zeros(G)
     link_cause = np.full(G, -1, np.int64)
     finish = np.zeros(p)
@@ -175,6 +196,7 @@ def _run(f, dur, wt, ports, window):
             ranks, g = ranks[~done], g[~done]
             busy = nmsg[g] > 0
             post[g[busy]] = when[ranks[busy]]
+            known[g[busy]] = True
             fresh.append(g[busy])
             ranks, g = ranks[~busy], g[~busy]
             when[ranks] += wt[g]
@@ -184,6 +206,11 @@ def _run(f, dur, wt, ports, window):
     active = np.flatnonzero(cur < last)
     pending = np.zeros(0, np.int64)
     while active.size:
+        g = cur[active]
+        counts = nmsg[g]
+        ci = _ranges(ptr[g], ptr[g + 1])
+        owner = np.repeat(np.arange(len(active)), counts)
+        c_msg = cand_msg[ci]
         steps = np.concatenate(fresh) if fresh else np.zeros(0, np.int64)
         fresh.clear()
         ids = _ranges(f.ss[steps], f.ss[steps + 1])
@@ -191,7 +218,11 @@ def _run(f, dur, wt, ports, window):
             ids = np.concatenate([pending, ids])
         at = post[f.s_step[ids]]
         if window and ids.size:
-            now = at < at.min() + dmin
+            sstep = f.s_step[c_msg]
+            floor = np.where(issued[c_msg], ports.end[c_msg], np.where(known[sstep], post[sstep] + dur[c_msg], 0.0))
+            ends = post[g].copy()
+            np.maximum.at(ends, owner, floor)
+            now = at < max(float(at.min()) + dmin, float((ends + wt[g]).min()))
             if not now.all():
                 pending, ids, at = ids[~now], ids[now], at[now]
             else:
@@ -201,40 +232,28 @@ def _run(f, dur, wt, ports, window):
         if went is None:
             return None  # a port would serve out of (post, index) order
         ready = active
-        g = cur[ready]
-        counts = f.rs[g + 1] - f.rs[g]
-        own_n = nsend[g]
-        rids = _ranges(f.rs[g], f.rs[g + 1])
-        own = _ranges(f.ss[g], f.ss[g + 1])
-        sends = f.r_match[rids]
-        if (sends < 0).any():
-            return None  # a receive nobody sends: the event loop names it
-        ok = issued[sends]
-        own_ok = issued[own]
-        if not (ok.all() and own_ok.all()):
+        ok = issued[c_msg]
+        if not ok.all():
             blocked = np.zeros(len(ready), bool)
-            blocked[np.repeat(np.arange(len(ready)), counts)[~ok]] = True
-            blocked[np.repeat(np.arange(len(ready)), own_n)[~own_ok]] = True
+            blocked[owner[~ok]] = True
             if blocked.all():
                 if went.size:
                     continue  # messages went, none completes a step yet
                 return None  # a deadlock: the event loop names it
-            sends = sends[~np.repeat(blocked, counts)]
-            own = own[~np.repeat(blocked, own_n)]
-            ready, g, counts, own_n = ready[~blocked], g[~blocked], counts[~blocked], own_n[~blocked]
-        # candidates per step: its sends and its receives, each ending when ``ports`` says
-        c_owner = np.concatenate([np.repeat(np.arange(len(ready)), own_n), np.repeat(np.arange(len(ready)), counts)])
-        c_msg = np.concatenate([own, sends])
+            keep = ~blocked[owner]
+            ci, c_msg = ci[keep], c_msg[keep]
+            owner = (np.cumsum(~blocked) - 1)[owner[keep]]
+            ready, g = ready[~blocked], g[~blocked]
+        # the step ends at the latest of its post and its messages' ends
         c_ready = post[f.s_step[c_msg]]
         c_end = ports.end[c_msg]
-        c_code = np.concatenate([2 * f.s_peer[own], 2 * f.s_rank[sends] + 1])
         top = post[g].copy()
-        np.maximum.at(top, c_owner, c_end)
+        np.maximum.at(top, owner, c_end)
         # the cause: the last handled (latest post, then index) of those ending last
-        late = c_end >= top[c_owner]
-        order = np.lexsort((c_msg, c_ready, late, c_owner))
-        last_of = order[np.r_[c_owner[order][1:] != c_owner[order][:-1], True]]
-        link_cause[g[c_owner[last_of]]] = c_code[last_of]
+        late = c_end >= top[owner]
+        order = np.lexsort((c_msg, c_ready, late, owner))
+        last_of = order[np.r_[owner[order][1:] != owner[order][:-1], True]]
+        link_cause[g[owner[last_of]]] = cand_code[ci[last_of]]
         link_time[g] = top
         when[ready] = top + wt[g]
         cur[ready] = g + 1
@@ -256,7 +275,7 @@ def wave_times(f, dur, wt, nic_inter=None, kpn=1, record=False, itemsize=1):
         if run is not None:
             break
         if window or not ports.out_of_order:
-            return None  # a deadlock: the event loop names it
+            return None  # a deadlock (the event loop names it), or queues it serves quicker
     finish, link_cause, link_time, post = run
     at = post[f.s_step]
     messages = []
