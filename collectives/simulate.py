@@ -5,8 +5,10 @@ builds the plan of every rank with the algorithm's own ``build`` (no second copy
 algorithm exists), then
 
 - runs them through a discrete-event model: a message of m bytes takes alpha + m beta, a
-  rank sends one message and receives one at a time (its send and receive ports), a rank's
-  step ends when all its messages have, and reducing m bytes costs m gamma;
+  rank sends one message and receives one at a time (its send and receive ports), messages
+  take their ports in the order of their post time, ties broken by message index (the lower
+  rank, then the earlier step, then post order: a deterministic model), a rank's step ends
+  when all its messages have, and reducing m bytes costs m gamma;
 - checks them symbolically (``collectives.symbolic``): every element of every rank's output
   ends reduced from every rank exactly once, FINAL applied once, out of place and in place;
   a broken rule sets ``verified=False`` and ``verify_error`` to the ``PlanError``'s text. The
@@ -14,7 +16,9 @@ algorithm exists), then
   when it is smaller), so that its cost stays bounded at large p.
 
 Scale: the plans are flattened once into numpy arrays (messages matched in post order per
-pair and channel); the model is one event loop over those arrays, and the symbolic check
+pair and channel); the model runs over those arrays in vectorised waves (``collectives._waves``,
+every port serving in (post, index) order), or as an event loop (``collectives.timing``) where
+waves do not pay (all-to-all queues) or do not apply (zero durations, deadlocks), and the symbolic check
 moves every rank that can move in one vectorised wave per step. ``--scale-check`` prints
 the wall time per algorithm at 1,024 ranks and, for the logarithmic ones, at 65,536.
 
