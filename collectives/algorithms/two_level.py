@@ -12,7 +12,7 @@ the traffic between hosts instead of one leader. Last, a ring all-gather inside 
 
 Steps: 2(K-1) inside a host of K ranks, plus the inter algorithm's steps over H ranks
 (ring: 2(H-1)).
-Bytes per rank: 2(K-1)/K N inside the host (ring reduce-scatter and all-gather), plus the inter
+Bytes sent per rank: 2(K-1)/K N inside the host (ring reduce-scatter and all-gather), plus the inter
 algorithm's bytes for N/B (ring: 2(H-1)/H N/B) across hosts; a host's link carries 2(H-1)/H N in
 all, the least any all-reduce can send across it.
 Cost (even hosts of K, ring inter): 2(K-1) alpha_intra + 2(K-1)/K N beta_intra
