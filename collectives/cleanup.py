@@ -21,7 +21,7 @@ import sys
 
 SHM_DIR = "/dev/shm"
 TMP_DIR = "/tmp"
-SHM_PREFIXES = ("mpich_shm_", "ucx_shm_posix_", "vader_segment.", "sm_segment.", "psm2_shm.")
+SHM_PREFIXES = ("mpich_shm_", "ucx_shm_posix_", "vader_segment.", "sm_segment.", "ompi.", "psm2_shm.")
 TMP_PREFIXES = ("hydra_hwloc_xmlfile_",)
 
 
