@@ -2,7 +2,7 @@
 
 An MPI job that ends normally removes its shared-memory segments; one that is aborted
 (``MPI_Abort``) or killed leaves them: MPICH's ``/dev/shm/mpich_shm_*`` (about 3 MB each),
-UCX's ``/dev/shm/ucx_shm_posix_*``, Open MPI's ``/dev/shm/vader_segment.*`` and
+UCX's ``/dev/shm/ucx_shm_posix_*``, Open MPI's ``/dev/shm/vader_segment.*``, ``ompi.*`` and
 ``sm_segment.*``, and Hydra's (MPICH's ``mpiexec``) topology file ``/tmp/hydra_hwloc_xmlfile_*``.
 A node that runs many failing jobs fills up with them.
 
