@@ -318,7 +318,7 @@ exec ip netns exec "$ns" unshare --uts --ipc --mount --propagation private \\
         if self.litter_before is not None:
             from collectives import cleanup
 
-            cleanup.remove_stale(set(cleanup.candidates()) - self.litter_before)
+            cleanup.remove_stale(set(cleanup.candidates()) - self.litter_before, settle=3.0)
 
 
 def _mpiexec():

@@ -79,16 +79,25 @@ def stale(among=None):
     return [path for path in paths if path not in used]
 
 
-def remove_stale(among=None):
-    """Remove the stale entries (of ``among``, if given); returns the paths removed."""
+def remove_stale(among=None, settle=0.0):
+    """Remove the stale entries (of ``among``, if given); returns the paths removed. With
+    ``settle`` (seconds), entries of ``among`` still in use are tried again until then: a process
+    that has just exited can keep its mappings for a moment."""
+    import time
+
     removed = []
-    for path in stale(among):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except FileNotFoundError:
-            pass
-    return removed
+    deadline = time.monotonic() + settle
+    while True:
+        for path in stale(among):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+        left = [path for path in (among or ()) if os.path.exists(path)]
+        if not left or time.monotonic() >= deadline:
+            return removed
+        time.sleep(0.1)
 
 
 def tagged_processes(name, value):

@@ -196,7 +196,7 @@ def main(argv):
                 continue
             known = set(cleanup.candidates())
             counts = run(label, cmd, timeout, None if label == "single-process" else 0, tmpdir, extra)
-            removed = cleanup.remove_stale(set(cleanup.candidates()) - known)
+            removed = cleanup.remove_stale(set(cleanup.candidates()) - known, settle=3.0)
             if removed:
                 print(f"=== {label}: removed {len(removed)} entries its aborted MPI jobs left: "
                       f"{', '.join(removed)}", flush=True)

@@ -76,7 +76,7 @@ def launch(case, n, *, env=None, mpi4py_runner=False, algorithm="ring"):
         cleanup.end_tagged(JOB_VARIABLE, job)
         made = set(cleanup.candidates()) - before
         _made.update(made)
-        cleanup.remove_stale(made)
+        cleanup.remove_stale(made, settle=3.0)
     return proc.returncode, out, time.monotonic() - start
 
 
