@@ -8,7 +8,7 @@ import numpy as np
 from . import blocks as _blocks
 from .api import _as_array, _cached_plan, _run, _ufuncs, _usable, maybe_check, signature
 from .backend import NUMPY, backend_for
-from .ops import check_op_dtype
+from .ops import DTYPES, check_op_dtype
 from .plan import block_bounds
 
 
@@ -57,11 +57,7 @@ def _exchange_counts(comm, count):
 
 def allgather(sendbuf, *, comm=None, algorithm="ring"):
     """The flattened blocks of every rank, concatenated in rank order (blocks may differ in size)."""
-    sendbuf = _as_array(sendbuf, "sendbuf")
-    backend = backend_for(sendbuf)
-    builder = _block_algorithm(_blocks.ALLGATHER, algorithm, "allgather")
-    if sendbuf.dtype not in set(_dtypes()):
-        check_op_dtype("sum", sendbuf.dtype)
+    sendbuf, backend, builder = _moved_data(sendbuf, "sendbuf", _blocks.ALLGATHER, algorithm, "allgather")
     comm = _usable(comm)
     # blocks may differ in size by design: the check compares call, algorithm and dtype
     # (count 0 on every rank), before the count exchange moves anything
@@ -78,19 +74,23 @@ def allgather(sendbuf, *, comm=None, algorithm="ring"):
     return out
 
 
-def _dtypes():
-    from .ops import DTYPES
+_DTYPES = frozenset(DTYPES)
 
-    return DTYPES
+
+def _moved_data(buf, name, table, algorithm, what):
+    """(array, backend, plan builder) for a block that only moves data (no op): the dtype must
+    be one the library carries, checked before any communication."""
+    buf = _as_array(buf, name)
+    backend = backend_for(buf)
+    builder = _block_algorithm(table, algorithm, what)
+    if buf.dtype not in _DTYPES:
+        check_op_dtype("sum", buf.dtype)
+    return buf, backend, builder
 
 
 def broadcast(buf, *, root=0, comm=None, algorithm="binomial"):
     """Copy ``buf`` from ``root`` into ``buf`` on every rank; returns ``buf``."""
-    buf = _as_array(buf, "buf")
-    backend = backend_for(buf)
-    builder = _block_algorithm(_blocks.BROADCAST, algorithm, "broadcast")
-    if buf.dtype not in set(_dtypes()):
-        check_op_dtype("sum", buf.dtype)
+    buf, backend, builder = _moved_data(buf, "buf", _blocks.BROADCAST, algorithm, "broadcast")
     comm = _usable(comm)
     root = _check_root(root, comm)
     count = buf.size
