@@ -4,7 +4,7 @@ A message of m bytes holds its sender's send port and its receiver's receive por
 shared NIC, both nodes' network ports) for alpha + m beta, starting in the order of its post
 time, ties broken by message index (the lower rank first, then the earlier step, then post
 order: a deterministic model); a rank's step ends when all its messages have, then its
-reductions take gamma per byte. ``collectives._waves`` computes the same schedule in
+reductions take gamma per byte. ``collectives.simulate._waves`` computes the same schedule in
 vectorised waves; the event loop below runs where it cannot.
 """
 import bisect
@@ -13,8 +13,8 @@ import heapq
 import numpy as np
 
 from ._waves import wave_times
-from .flat import _Flat
-from .plan import PlanError
+from ..flat import _Flat
+from ..plan import PlanError
 
 
 def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):

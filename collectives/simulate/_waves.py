@@ -1,6 +1,6 @@
 """The timing model without the event loop: every rank at once, one vectorised wave per step.
 
-The event loop (``collectives.timing``) handles messages in the order of their post time, ties
+The event loop (``collectives.simulate.timing``) handles messages in the order of their post time, ties
 broken by message index (rank, then step, then post order), and each message holds its ports
 (the sender's send port, the receiver's receive port, with a shared NIC both nodes' network
 ports) from ``max(post, each port free)`` for its duration. So on every port the messages

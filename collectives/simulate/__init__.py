@@ -1,0 +1,61 @@
+"""Simulator: every algorithm at thousands of ranks, from the same plans the executor runs.
+
+``collectives.simulate(algorithm, ranks=p, nbytes=n, alpha=a, beta=b, gamma=g, **options)``
+builds the plan of every rank with the algorithm's own ``build`` (no second copy of any
+algorithm exists), then
+
+- runs them through a discrete-event model: a message of m bytes takes alpha + m beta, a
+  rank sends one message and receives one at a time (its send and receive ports), messages
+  take their ports in the order of their post time, ties broken by message index (the lower
+  rank, then the earlier step, then post order: a deterministic model), a rank's step ends
+  when all its messages have, and reducing m bytes costs m gamma;
+- checks them symbolically (``collectives.symbolic``): every element of every rank's output
+  ends reduced from every rank exactly once, FINAL applied once, out of place and in place;
+  a broken rule sets ``verified=False`` and ``verify_error`` to the ``PlanError``'s text. The
+  check runs at ``verify_count(p, count)`` elements (the plans are built again at that count
+  when it is smaller), so that its cost stays bounded at large p.
+
+Scale: the plans are flattened once into numpy arrays (messages matched in post order per
+pair and channel); the model runs over those arrays in vectorised waves (``_waves``,
+every port serving in (post, index) order), or as an event loop (``timing``) where
+waves do not pay (all-to-all queues) or do not apply (zero durations, deadlocks), and the symbolic check
+moves every rank that can move in one vectorised wave per step. ``--scale-check`` prints
+the wall time per algorithm at 1,024 ranks and, for the logarithmic ones, at 65,536.
+
+Topology: ``Topology(ranks_per_node=k, intra=(alpha, beta), inter=(alpha, beta),
+shared_nic=True)`` prices messages inside and between nodes separately; with a shared NIC
+every message leaving (entering) a node also holds that node's one network port.
+
+CLI: ``python -m collectives.simulate -a ring,tree -p 1024 -b 8 -e 1G [--topology
+nodes=128x8,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared]] [--plot F.png] [--timeline F.png]``,
+``python -m collectives.simulate --scale-check [--scale-bytes 1M]``, and
+``python -m collectives.simulate --calibrate [-a ...] [-b 8] [-e 16M]`` under mpiexec.
+
+Modules: ``core`` (``simulate``, ``SimResult``), ``topology`` (``Topology``), ``timing`` (the
+event loop) and ``_waves`` (the same schedule in vectorised waves), ``verification`` (the
+symbolic check on atoms or smaller plans), ``cli`` (``main``), ``scale`` (``scale_check``),
+``plots`` (``--plot``, ``timeline``). Plans are flattened by ``collectives.flat`` and checked by
+``collectives.symbolic``, which ``collectives.verify`` shares. This package is callable:
+``collectives.simulate(...)`` is ``collectives.simulate.simulate(...)``.
+"""
+import sys
+import types
+
+from ..flat import _Flat, _registry, build_plan, build_plans  # noqa: F401  (build_plans: public here too)
+from ..symbolic import EXACT_LIMIT, VERIFY_ELEMENTS, _Verifier, verify_count, verify_plans  # noqa: F401
+from .core import SimResult, simulate  # noqa: F401
+from .topology import Topology  # noqa: F401
+from .verification import _small, verify, verify_flat  # noqa: F401
+from .cli import _parse, _size, main  # noqa: F401
+from .plots import _plot, timeline  # noqa: F401
+from .scale import logarithmic, messages_per_rank, scale_check  # noqa: F401
+
+
+class _CallableModule(types.ModuleType):
+    """``collectives.simulate`` is this package, and calling it calls ``simulate``."""
+
+    def __call__(self, *args, **kwargs):
+        return simulate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
