@@ -16,6 +16,7 @@ from .comm import base as _comm_base
 from .comm.base import Communicator
 from .errors import CollectiveError
 from .executor import Program, execute
+from .plan import NCHANNELS
 from .ops import check_op_dtype
 
 
@@ -134,11 +135,14 @@ def _as_array(buf, name):
     return np.asarray(buf)
 
 
-def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, fast=None, signature=None):
+def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, shm=None, signature=None):
     try:
-        if fast is not None and fast(comm, flat_in, flat_out, reduce_fn, final_fn):
-            return
         tmp = comm.session.scratch_buffer(backend, flat_out.dtype, plan.tmp_count)
+        if shm is not None:  # (the shared-memory transport, every rank's plan of this call)
+            transport, plans_of = shm
+            transport.run(plan, plans_of, flat_in, flat_out, tmp, reduce_fn, final_fn, what, signature,
+                          comm.call_tag(signature) * NCHANNELS)
+            return
         sync = backend.synchronize if backend.is_device else None
         execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync, signature)
     except CollectiveError as exc:
@@ -151,7 +155,7 @@ PROGRAM_MAX_BYTES = 16 << 10
 
 
 def _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what):
-    if not comm.prepares_steps or count * dtype.itemsize > PROGRAM_MAX_BYTES or getattr(module, "run", None):
+    if not comm.prepares_steps or count * dtype.itemsize > PROGRAM_MAX_BYTES:
         return None
     tag_key = signature("allreduce", name, op, dtype, count, params) if comm.signed else f"allreduce|{name}|{op}"
     return comm.session.program((name, op, dtype, count, tuple(sorted(params.items()))),
@@ -181,6 +185,8 @@ def _select(name, comm, nbytes, dtype):
 
 
 _no_overrides = config.no_overrides
+_TRANSPORTS = config.TRANSPORTS
+_compression_env = config.is_set
 _NO_CALL = object()
 _last = [_NO_CALL] * 8  # (sendbuf, recvbuf, comm, algorithm, op, dtype, program, our comm) of the last program call
 # the comm argument of the last call that took the slow path, our communicator for it, and its
@@ -188,14 +194,23 @@ _last = [_NO_CALL] * 8  # (sendbuf, recvbuf, comm, algorithm, op, dtype, program
 _recent = [_NO_CALL, None, None]
 
 
-def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, **options):
+def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, compression=None,
+              compression_scope="across_hosts", residual=None, **options):
     """Reduce ``sendbuf`` over every rank of ``comm`` with ``op``; every rank gets the result.
 
     ``recvbuf=None`` returns a new array; ``recvbuf is sendbuf`` works in place;
     otherwise the result goes into ``recvbuf`` (same shape and dtype) and
     ``sendbuf`` is left unchanged. ``options`` are the algorithm's own
-    (``collectives.algorithm_options(name)`` lists them).
+    (``collectives.algorithm_options(name)`` lists them). ``compression`` (``"bf16"``,
+    ``"fp16"``; default COLLECTIVES_COMPRESSION, else none) sends float32/float64 data as 16-bit
+    values across hosts (every message with ``compression_scope="all"``); ``residual`` keeps what
+    the rounding dropped, for the next call (error feedback). See collectives/compression.py.
     """
+    if compression is not None or residual is not None or compression_scope != "across_hosts" \
+            or _compression_env("COLLECTIVES_COMPRESSION"):
+        from .direct_call import allreduce as _direct
+
+        return _direct(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual)
     # the shortest path: the same buffers as the previous call, which ran as a program
     last = _last
     if sendbuf is last[0] and recvbuf is last[1] and comm is last[2] and algorithm == last[3] \
@@ -213,7 +228,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
         hit = _recent[2].get((algorithm, op, sendbuf.dtype, sendbuf.size))
         if hit is not None:
             ours = _recent[1]
-            plan, reduce_fn, final_fn, what, fast, program, sig = hit
+            plan, reduce_fn, final_fn, what, shm, program, sig = hit
             if program is not None:  # small message: a prepared program copies in and out itself
                 if recvbuf is None:
                     result = np.empty(sendbuf.shape, sendbuf.dtype)
@@ -246,13 +261,14 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, *
                 else:
                     result = None
                 if result is not None:
-                    _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what, fast, sig)
+                    _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what, shm, sig)
                     return result
     return _allreduce(sendbuf, recvbuf, op, algorithm, comm, options)
 
 
 def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     user_comm = comm
+    transport = options.pop("transport", "auto") if options else "auto"
     sendbuf = _as_array(sendbuf, "sendbuf")
     backend = backend_for(sendbuf)
     dtype = sendbuf.dtype
@@ -284,14 +300,17 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
         agree(comm, "allreduce", name, op, dtype, count, params)
     what = f"allreduce({name})"
     sig = signature("allreduce", name, op, dtype, count, params)
-    fast = getattr(module, "run", None) if backend is NUMPY else None
+    shm = None
+    if backend is NUMPY and _select_transport(comm, module, sendbuf.nbytes, transport) == "shm":
+        shm = _shm_transport(comm, name, count, dtype.itemsize, params, module)
     program = _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what) \
-        if backend is NUMPY else None
-    if not options and backend is NUMPY and not config.check_enabled() and config.forced_algorithm() is None:
+        if backend is NUMPY and shm is None else None
+    if not options and transport == "auto" and backend is NUMPY and not config.check_enabled() \
+            and config.forced_algorithm() is None:
         shapes = comm.session.shapes
         if len(shapes) > 1024:
             shapes.clear()
-        shapes[(algorithm, op, dtype, count)] = (plan, reduce_fn, final_fn, what, fast, program, sig)
+        shapes[(algorithm, op, dtype, count)] = (plan, reduce_fn, final_fn, what, shm, program, sig)
         _recent[:] = [user_comm, comm, shapes]
     if program is not None:
         source = sendbuf if backend.is_contiguous(sendbuf) else backend.flat_contiguous(sendbuf)
@@ -308,24 +327,65 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     if in_place:
         if backend.is_contiguous(sendbuf):
             flat = sendbuf.reshape(-1)
-            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, fast, sig)
+            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, shm, sig)
         else:
             flat = backend.flat_contiguous(sendbuf).copy()
-            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, fast, sig)
+            _run(plan, comm, backend, flat, flat, reduce_fn, final_fn, what, shm, sig)
             backend.copyto(sendbuf, flat.reshape(sendbuf.shape))
         return sendbuf
     flat_in = backend.flat_contiguous(sendbuf)
     if recvbuf is None:
         result = backend.empty(count, dtype)
-        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, fast, sig)
+        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, shm, sig)
         return result.reshape(sendbuf.shape)
     if backend.is_contiguous(recvbuf) and not backend.xp.may_share_memory(recvbuf, sendbuf):
-        _run(plan, comm, backend, flat_in, recvbuf.reshape(-1), reduce_fn, final_fn, what, fast, sig)
+        _run(plan, comm, backend, flat_in, recvbuf.reshape(-1), reduce_fn, final_fn, what, shm, sig)
     else:  # a strided or overlapping recvbuf: reduce into a fresh buffer, then copy
         result = backend.empty(count, dtype)
-        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, fast, sig)
+        _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, shm, sig)
         backend.copyto(recvbuf, result.reshape(recvbuf.shape))
     return recvbuf
+
+
+def _select_transport(comm, module, nbytes, requested):
+    from .select import choose_transport
+
+    return choose_transport(comm, module, nbytes, requested)
+
+
+def _shm_transport(comm, name, count, itemsize, params, module):
+    """(the communicator's shared-memory transport, every rank's plan of this call by rank)."""
+    from .comm import shm as _shm
+
+    size = comm.size
+    items = tuple(sorted(params.items()))
+    session = comm.session
+
+    def plans_of(rank):
+        return session.plan(("allreduce", name, size, rank, count, itemsize, items),
+                            lambda: module.build(rank, size, count, itemsize=itemsize, **params))
+    return _shm.for_comm(comm), plans_of
+
+
+def empty(shape, dtype=np.float64, comm=None):
+    """A NumPy array in memory shared by the ranks of ``comm`` on this node (a registered
+    buffer): an all-reduce over shared memory reads such arrays in place, with no staging copy.
+    Collective: every rank of ``comm`` calls it, with the same shape and dtype. Where no peer
+    shares this rank's node (or ``comm`` is not an MPI communicator) it is a plain array. The
+    memory lives as long as the communicator."""
+    ours = _usable(comm)
+    if getattr(ours, "mpi_comm", None) is None:
+        return np.empty(shape, dtype)
+    from .comm import shm as _shm
+
+    return _shm.shared_empty(ours, shape, dtype)
+
+
+def zeros(shape, dtype=np.float64, comm=None):
+    """``empty`` filled with zeros."""
+    array = empty(shape, dtype, comm)
+    array.fill(0)
+    return array
 
 
 def algorithm_options(name):

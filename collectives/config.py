@@ -13,16 +13,19 @@ if os.name == "posix" and isinstance(_data, dict):
 else:  # pragma: no cover - other platforms
     def is_set(name):
         return name in os.environ
-_KEYS = {name: name.encode() for name in ("COLLECTIVES_ALGO", "COLLECTIVES_CHECK", "COLLECTIVES_TIMEOUT")}
+_KEYS = {name: name.encode() for name in ("COLLECTIVES_ALGO", "COLLECTIVES_CHECK", "COLLECTIVES_TIMEOUT",
+                                           "COLLECTIVES_TRANSPORT")}
 
 
 if os.name == "posix" and isinstance(_data, dict):
-    def no_overrides(_data=_data, _algo=_KEYS["COLLECTIVES_ALGO"], _check=_KEYS["COLLECTIVES_CHECK"]):
-        """Neither COLLECTIVES_ALGO nor COLLECTIVES_CHECK is set: the calls' short paths apply."""
-        return _algo not in _data and _check not in _data
+    def no_overrides(_data=_data, _algo=_KEYS["COLLECTIVES_ALGO"], _check=_KEYS["COLLECTIVES_CHECK"],
+                     _transport=_KEYS["COLLECTIVES_TRANSPORT"]):
+        """None of COLLECTIVES_ALGO, COLLECTIVES_CHECK, COLLECTIVES_TRANSPORT is set: the calls'
+        short paths apply."""
+        return _algo not in _data and _check not in _data and _transport not in _data
 else:  # pragma: no cover - other platforms
     def no_overrides():
-        return "COLLECTIVES_ALGO" not in os.environ and "COLLECTIVES_CHECK" not in os.environ
+        return not any(k in os.environ for k in ("COLLECTIVES_ALGO", "COLLECTIVES_CHECK", "COLLECTIVES_TRANSPORT"))
 _timeout_cache = [None, DEFAULT_TIMEOUT]
 
 
@@ -64,6 +67,18 @@ def on_error():
     """COLLECTIVES_ON_ERROR: ``raise``, or ``abort`` (the default, and any other value: a failure
     path never stops on a malformed setting)."""
     return "raise" if os.environ.get("COLLECTIVES_ON_ERROR", "").strip().lower() == "raise" else "abort"
+
+
+TRANSPORTS = ("auto", "mpi", "shm")
+
+
+def transport():
+    """COLLECTIVES_TRANSPORT: ``mpi`` or ``shm`` forces how every call's messages travel between
+    ranks of one node (``auto``, the default, or unset: the library chooses)."""
+    raw = os.environ.get("COLLECTIVES_TRANSPORT", "").strip().lower() or "auto"
+    if raw not in TRANSPORTS:
+        raise ValueError(f"COLLECTIVES_TRANSPORT must be one of {', '.join(TRANSPORTS)}, got {raw!r}")
+    return raw
 
 
 def forced_algorithm():

@@ -109,6 +109,33 @@ def choose(comm, nbytes, dtype):
     return name
 
 
+# Messages from this size travel through shared memory between ranks of one node when the caller
+# leaves the transport to the library: below it a prepared MPI program (persistent requests)
+# costs less per step than polling memory from Python (benchmarks/RESULTS.md, "Transports").
+SHM_MIN_BYTES = 64 << 10
+
+
+def choose_transport(comm, module, nbytes, requested="auto"):
+    """"shm" or "mpi": how the call's messages between ranks of one node travel. ``requested``
+    (the call's ``transport=``, or COLLECTIVES_TRANSPORT) wins where it can apply; an algorithm
+    may ask for one (``TRANSPORT``); else shared memory from SHM_MIN_BYTES. Shared memory needs
+    an MPI communicator with a peer on this node; messages to other hosts always go through MPI."""
+    forced = config.transport()
+    if forced != "auto":
+        requested = forced
+    if requested == "mpi" or getattr(comm, "mpi_comm", None) is None or comm.size == 1:
+        return "mpi"
+    colors = comm.node_colors()
+    if colors.count(colors[comm.rank]) == 1:
+        return "mpi"
+    if requested == "shm":
+        return "shm"
+    wanted = getattr(module, "TRANSPORT", None)
+    if wanted is not None:
+        return wanted
+    return "shm" if nbytes >= SHM_MIN_BYTES else "mpi"
+
+
 def log_choice(comm, nbytes, dtype, name, why):
     """Under COLLECTIVES_DEBUG=INFO (or DEBUG), log a call's size, algorithm and why, once per
     distinct (rank, communicator size, bytes, dtype, algorithm, why)."""

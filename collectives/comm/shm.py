@@ -1,0 +1,420 @@
+"""The shared-memory transport: a plan's messages between ranks of one node, through memory.
+
+Any algorithm's plan runs over it unchanged; only how a message travels differs. Each rank of a
+node owns a segment of one MPI-3 shared window (``Win.Allocate_shared`` over the node's ranks):
+a header of counters, then a staging area. Where a plan says "send", the sender copies the
+region into its staging area (or, for a shared array made by ``collectives.empty``, leaves it
+where it is: see shm_layout) and raises its progress counter; where the plan says "receive",
+the receiver waits for that counter and reads the peer's memory: one copy, or none at all when
+the step's own reduction reads the peer's memory in place of scratch. Messages to ranks on
+other hosts still go through MPI in the same step (a mixed step polls both).
+
+Header, one per rank (int64 slots, written only by its owner):
+``PROGRESS`` = call << 32 | steps published in it; ``DONE`` = calls finished; ``SIGNATURE``
+(crc32 of the call's signature); ``FLAGS`` (IN shared, OUT shared, in place) with where the
+shared IN and OUT lie (array id, byte offset). A receiver builds the sender's plan (shared
+plan store), lays it out with the sender's flags, and so knows where every message lies.
+
+Reuse: staging offsets are never reused within a call; before a rank writes its staging for
+call c, every peer that read it in call c-1 has finished c-1 (its DONE), and before a call
+that sent a shared array's memory direct returns, its readers have finished it (the caller may
+write the array next). Neither wait can deadlock: it waits only for work whose messages are all
+published. The window grows when a call needs more staging than any rank has, collectively,
+after a bounded barrier whose ranks compare their calls' signatures first.
+
+Errors: a wait runs to COLLECTIVES_TIMEOUT and names the silent ranks; a peer whose header
+shows another call's signature (or whose MPI messages belong to another call) raises
+MismatchError. Ordering: on x86-64 stores are seen in program order, so a counter raised after
+the data's copy is enough; elsewhere ``Win.Sync`` (a memory barrier) runs around it.
+"""
+import os
+import platform
+import time
+import weakref
+import zlib
+
+import numpy as np
+
+from .. import config, mpilib
+from ..errors import CollectiveError, MismatchError
+from ..plan import IN, OUT, TMP, REDUCE, COPY, FINAL
+from .base import foreign_message
+from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, _SPIN_BEFORE_YIELD, timeout_error
+from .shm_layout import ALIGN, DIRECT, STAGED, SendLayout, mapped_receives, staging_bound
+
+MPI = mpilib.load()
+
+PROGRESS, DONE, SIGNATURE, FLAGS, IN_ARRAY, IN_OFFSET, OUT_ARRAY, OUT_OFFSET = range(8)
+HEADER = 128  # bytes per rank: 8 used slots and room, keeps staging 64-byte aligned
+FIRST_CAPACITY = 1 << 16  # staging bytes per rank of the first window
+_IN_SHARED, _OUT_SHARED, _IN_PLACE = 1, 2, 4
+_FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386")
+_KEYWORD_OUT = {np.maximum, np.minimum}
+
+
+def available(comm):
+    """True when some peer of ``comm`` (an MPI communicator) shares this rank's node."""
+    if getattr(comm, "mpi_comm", None) is None or comm.size == 1:
+        return False
+    colors = comm.node_colors()
+    return colors.count(colors[comm.rank]) > 1
+
+
+def for_comm(comm):
+    """``comm``'s transport (made on first use: collective over the communicator)."""
+    transport = comm.session.windows.get("shm")
+    if transport is None:
+        transport = comm.session.windows["shm"] = ShmTransport(comm)
+    return transport
+
+
+class _SharedArray:
+    """One ``collectives.empty`` allocation: a shared window over the node, this rank's part."""
+
+    def __init__(self, node, ident, nbytes):
+        self.ident, self.nbytes = ident, nbytes
+        self.win = MPI.Win.Allocate_shared(max(nbytes, 1), 1, comm=node)
+        self.parts = []
+        for peer in range(node.Get_size()):
+            memory, _ = self.win.Shared_query(peer)
+            self.parts.append(np.frombuffer(memory, dtype=np.uint8, count=max(nbytes, 1)))
+        self.address = self.parts[node.Get_rank()].ctypes.data
+
+    def free(self):
+        self.parts = None
+        self.win.Free()
+
+
+class ShmTransport:
+    """The shared-memory transport of one MPI communicator (its ranks on this node)."""
+
+    def __init__(self, comm):
+        from .mpi import MPIComm
+
+        self.comm = comm
+        colors = comm.node_colors()
+        self.node_ranks = [r for r, c in enumerate(colors) if c == colors[comm.rank]]  # comm ranks here
+        self.node_index = {r: i for i, r in enumerate(self.node_ranks)}
+        comm.barrier("making the shared-memory transport")  # Split_type blocks until every rank calls it
+        node = comm.mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+        self.node = MPIComm(node, _dup=False)  # bounded barriers among the node's ranks
+        self.calls = 0
+        self.readers = ()  # node peers that read this rank's memory in the last call
+        self.arrays = {}  # ident -> _SharedArray
+        self._array_refs = {}  # ident -> weakrefs to the arrays handed out
+        self.layouts = {}  # (plan id, item size, flags) -> (plan, SendLayout, mapped receives)
+        self.bounds = {}  # (plan id, item size) -> (plan, staging bytes the call needs on any node rank)
+        self.window = None
+        self._grow(FIRST_CAPACITY)
+
+    # the window ------------------------------------------------------------------------------
+    def _grow(self, capacity):
+        if self.window is not None:
+            self._free_window()
+        self.node.barrier("allocating the shared window")  # Allocate_shared blocks until every rank calls it
+        self.capacity = capacity
+        total = HEADER + capacity
+        self.window = MPI.Win.Allocate_shared(total, 1, comm=self.node.mpi_comm)
+        self.headers, self.staging = [], []
+        for index in range(len(self.node_ranks)):
+            memory, _ = self.window.Shared_query(index)
+            segment = np.frombuffer(memory, dtype=np.uint8, count=total)
+            self.headers.append(segment[:HEADER].view(np.int64))
+            self.staging.append(segment[HEADER:])
+        self.header = self.headers[self.node_index[self.comm.rank]]
+        self.header[PROGRESS] = self.calls << 32
+        self.header[DONE] = self.calls
+
+    def _free_window(self):
+        self.headers = self.staging = self.header = None
+        self.window.Free()
+        self.window = None
+
+    def nbytes_held(self):
+        return (HEADER + self.capacity) + sum(a.nbytes for a in self.arrays.values())
+
+    def free(self):
+        if self.window is not None:
+            self._free_window()
+        for array in self.arrays.values():
+            array.free()
+        self.arrays = {}
+        self.node.mpi_comm.Free()
+
+    # shared arrays -------------------------------------------------------------------------------
+    def allocate(self, nbytes):
+        """A uint8 array of ``nbytes`` in node-shared memory (collective over the node)."""
+        self.node.barrier("allocating a shared array")
+        ident = len(self.arrays) + 1
+        while ident in self.arrays:
+            ident += 1
+        shared = self.arrays[ident] = _SharedArray(self.node.mpi_comm, ident, nbytes)
+        return shared.parts[self.node_index[self.comm.rank]][:nbytes]
+
+    def _locate(self, flat):
+        """(array id, byte offset) of a contiguous buffer inside a shared array, else None."""
+        if not self.arrays:
+            return None
+        address = flat.ctypes.data
+        for ident, shared in self.arrays.items():
+            if shared.address <= address and address + flat.nbytes <= shared.address + shared.nbytes:
+                return ident, address - shared.address
+        return None
+
+    # one call ------------------------------------------------------------------------------------
+    def _layout(self, plan, itemsize, flags):
+        key = (id(plan), itemsize, flags)
+        found = self.layouts.get(key)
+        if found is None or found[0] is not plan:
+            if len(self.layouts) > 256:
+                self.layouts.clear()
+            on_node = self.node_index.__contains__
+            found = self.layouts[key] = (plan, SendLayout(plan, itemsize, on_node, bool(flags & _IN_SHARED),
+                                                          bool(flags & _OUT_SHARED), bool(flags & _IN_PLACE)),
+                                         mapped_receives(plan, on_node))
+        return found[1], found[2]
+
+    def run(self, plan, plans_of, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, signature, tag):
+        """Run ``plan`` with its on-node messages through shared memory. ``plans_of(rank)`` gives
+        any rank's plan of this call (a receiver lays out its senders' staging from them)."""
+        comm = self.comm
+        me = comm.rank
+        itemsize = outbuf.itemsize
+        dtype = outbuf.dtype
+        in_place = inbuf is outbuf
+        flags = _IN_PLACE if in_place else 0
+        in_at = self._locate(inbuf)
+        out_at = in_at if in_place else self._locate(outbuf)
+        if in_at is not None:
+            flags |= _IN_SHARED
+        if out_at is not None:
+            flags |= _OUT_SHARED
+        layout, mapped = self._layout(plan, itemsize, flags)
+        call = self.calls + 1
+        sig = zlib.crc32(signature.encode())
+        limit = config.timeout()
+        # the staging of the last call may still be read: wait for its readers to finish it
+        if self.readers:
+            self._wait_done(self.readers, call - 1, what, limit, sig, tag)
+        need = self._bound(plan, plans_of, itemsize)
+        need = need if need > self.capacity else 0
+        header = self.header
+        header[SIGNATURE], header[FLAGS] = sig, flags
+        header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
+        header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
+        if need:
+            self._agree_and_grow(need, sig, call, what)
+            header = self.header
+            header[SIGNATURE], header[FLAGS] = sig, flags
+            header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
+            header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
+        base = call << 32
+        header[PROGRESS] = base
+        self.calls = call
+        bufs = (inbuf, outbuf, tmpbuf)
+        mine = self.staging[self.node_index[me]]
+        sources = {}  # (peer, chan) -> [messages taken so far, the sender's layout]
+        readers = set()
+        on_node = self.node_index
+        for index, step in enumerate(plan.steps):
+            sends, recvs, local = step
+            # messages to other hosts: MPI, posted first
+            requests = []
+            for peer, b, lo, hi, chan in recvs:
+                if peer not in on_node:
+                    requests.append(comm.irecv(bufs[b][lo:hi], peer, tag + chan))
+            for peer, b, lo, hi, chan in sends:
+                if peer not in on_node:
+                    requests.append(comm.isend(bufs[b][lo:hi], peer, tag + chan))
+            # shared-memory sends: stage what is not read in place, then publish the step
+            for peer, b, lo, hi, chan, mode, offset in layout.sends[index]:
+                readers.add(peer)
+                if mode == STAGED:
+                    n = (hi - lo) * itemsize
+                    np.copyto(mine[offset:offset + n].view(dtype), bufs[b][lo:hi])
+            if _FENCE:
+                self.window.Sync()
+            header[PROGRESS] = base | (index + 1)
+            # shared-memory receives: wait for the sender's step, then copy or map
+            views = None
+            pending = [(r, m) for r, m in enumerate(recvs) if m[0] in on_node]
+            if pending:
+                self._wait_steps(pending, sources, plans_of, itemsize, call, sig, what, limit, tag, requests)
+                for r, (peer, b, lo, hi, chan) in pending:
+                    source = self._source(sources, peer, chan, dtype)
+                    if (index, r) in mapped:
+                        if views is None:
+                            views = []
+                        views.append((lo, hi, source))
+                    else:
+                        np.copyto(bufs[b][lo:hi], source)
+            if requests:
+                comm.waitall(requests, what)
+            # local operations, reading mapped receives from the peer's memory
+            for op in local:
+                kind = op[0]
+                if kind == REDUCE:
+                    _, dst, dlo, a, alo, b, blo, n = op
+                    left = _operand(bufs, views, a, alo, n)
+                    right = _operand(bufs, views, b, blo, n)
+                    if reduce_fn in _KEYWORD_OUT:
+                        reduce_fn(left, right, out=bufs[dst][dlo:dlo + n])
+                    else:
+                        reduce_fn(left, right, bufs[dst][dlo:dlo + n])
+                elif kind == COPY:
+                    _, dst, dlo, src, slo, n = op
+                    if not (in_place and dlo == slo and {dst, src} <= {IN, OUT}):
+                        np.copyto(bufs[dst][dlo:dlo + n], _operand(bufs, views, src, slo, n))
+                elif kind == FINAL and final_fn is not None:
+                    _, b, lo, n = op
+                    final_fn(bufs[b][lo:lo + n])
+        if _FENCE:
+            self.window.Sync()
+        header[DONE] = call
+        self.readers = tuple(sorted(readers))
+        if layout.direct:  # the caller may write its shared array next: its readers must be done
+            self._wait_done(self.readers, call, what, limit, sig, tag)
+
+    def _bound(self, plan, plans_of, itemsize):
+        """The most staging any node rank needs for this call (the same figure on every rank, so
+        that all decide together to grow the window)."""
+        key = (id(plan), itemsize)
+        found = self.bounds.get(key)
+        if found is None or found[0] is not plan:
+            if len(self.bounds) > 256:
+                self.bounds.clear()
+            on_node = self.node_index.__contains__
+            found = self.bounds[key] = (plan, max(staging_bound(plans_of(peer), itemsize, on_node)
+                                                  for peer in self.node_ranks))
+        return found[1]
+
+    def _source(self, sources, peer, chan, dtype):
+        entry = sources[(peer, chan)]
+        taken, messages, at = entry
+        entry[0] = taken + 1
+        _, _, b, lo, hi, _, mode, offset = messages[taken]
+        index = self.node_index[peer]
+        if mode == STAGED:
+            n = (hi - lo) * dtype.itemsize
+            return self.staging[index][offset:offset + n].view(dtype)
+        ident, start = at[b]
+        part = self.arrays[ident].parts[index]
+        return part[start + lo * dtype.itemsize:start + hi * dtype.itemsize].view(dtype)
+
+    def _wait_steps(self, pending, sources, plans_of, itemsize, call, sig, what, limit, tag, requests):
+        """Wait until each pending receive's sender has published the step that sends it."""
+        needs = {}
+        me = self.comm.rank
+        counts = {}
+        for _, (peer, _, _, _, chan) in pending:
+            entry = sources.get((peer, chan))
+            if entry is None:
+                entry = sources[(peer, chan)] = self._sender(peer, chan, plans_of, itemsize, call, sig, what,
+                                                             limit, tag, me)
+            k = counts.get((peer, chan), 0)
+            counts[(peer, chan)] = k + 1
+            messages = entry[1]
+            if entry[0] + k >= len(messages):
+                raise MismatchError(f"{what}: rank {peer} sends fewer messages than this rank expects "
+                                    f"(ranks disagree on the call)")
+            step = messages[entry[0] + k][0]
+            needs[peer] = max(needs.get(peer, 0), (call << 32) | (step + 1))
+        self._wait(needs, call, sig, what, limit, tag, requests)
+
+    def _sender(self, peer, chan, plans_of, itemsize, call, sig, what, limit, tag, me):
+        """[messages taken, the peer's messages to this rank on ``chan``, where its shared IN/OUT lie],
+        once the peer's header names this call."""
+        self._wait({peer: call << 32}, call, sig, what, limit, tag, ())
+        h = self.headers[self.node_index[peer]]
+        flags = int(h[FLAGS])
+        layout, _ = self._layout(plans_of(peer), itemsize, flags)
+        at = {IN: (int(h[IN_ARRAY]), int(h[IN_OFFSET])), OUT: (int(h[OUT_ARRAY]), int(h[OUT_OFFSET]))}
+        return [0, layout.to.get((me, chan), []), at]
+
+    def _wait(self, needs, call, sig, what, limit, tag, requests):
+        """Poll the peers' PROGRESS counters up to ``needs`` (and MPI ``requests``), bounded."""
+        headers, index = self.headers, self.node_index
+        waiting = [(peer, need, headers[index[peer]]) for peer, need in needs.items()]
+        if all(h[PROGRESS] >= need and (h[PROGRESS] >> 32 != call or h[SIGNATURE] == sig)
+               for _, need, h in waiting):
+            return
+        start = time.monotonic()
+        probe_at = start + _PROBE_AFTER
+        spins = 0
+        while True:
+            left = []
+            for peer, need, h in waiting:
+                progress = int(h[PROGRESS])
+                if progress >> 32 == call and h[SIGNATURE] != sig:
+                    raise MismatchError(foreign_message(what, peer))
+                if progress < need:
+                    left.append((peer, need, h))
+            if not left:
+                if _FENCE:
+                    self.window.Sync()
+                return
+            waiting = left
+            spins += 1
+            if spins % _POLLS_PER_CHECK:
+                continue
+            if requests:  # keep MPI moving while memory is polled (a rendezvous send needs it)
+                self.comm.mpi_comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            now = time.monotonic()
+            if now > probe_at and self.comm.signed:
+                probe_at = now + _PROBE_AFTER
+                for peer, _, _ in waiting:
+                    if self.comm.foreign(peer, tag) is not None:
+                        raise MismatchError(foreign_message(what, peer))
+            if limit and now - start > limit:
+                raise timeout_error(what, sorted(peer for peer, _, _ in waiting), limit)
+            if now - start > _SPIN_BEFORE_YIELD:
+                os.sched_yield()
+
+    def _wait_done(self, peers, call, what, limit, sig, tag):
+        headers, index = self.headers, self.node_index
+        waiting = [p for p in peers if headers[index[p]][DONE] < call]
+        if not waiting:
+            return
+        start = time.monotonic()
+        spins = 0
+        while waiting:
+            waiting = [p for p in waiting if headers[index[p]][DONE] < call]
+            spins += 1
+            if spins % _POLLS_PER_CHECK:
+                continue
+            now = time.monotonic()
+            if limit and now - start > limit:
+                raise timeout_error(what, waiting, limit)
+            if now - start > _SPIN_BEFORE_YIELD:
+                os.sched_yield()
+
+    def _agree_and_grow(self, need, sig, call, what):
+        """Grow the staging of every node rank to ``need`` bytes, once all agree on the call."""
+        self.node.barrier(f"{what}: growing the shared window")
+        sigs = {int(h[SIGNATURE]) for h in self.headers}
+        if len(sigs) > 1:
+            differ = [r for r, h in zip(self.node_ranks, self.headers) if int(h[SIGNATURE]) != sig]
+            error = MismatchError(f"{what}: ranks {', '.join(map(str, differ))} make another call "
+                                  f"(ranks disagree on the call, count, dtype, op or algorithm; "
+                                  f"COLLECTIVES_CHECK=1 names the field)")
+            raise error
+        self._grow(max(need, 2 * self.capacity))
+
+
+def _operand(bufs, views, buf, lo, n):
+    if views is not None and buf == TMP:
+        for vlo, vhi, source in views:
+            if vlo <= lo and lo + n <= vhi:
+                return source[lo - vlo:lo - vlo + n]
+    return bufs[buf][lo:lo + n]
+
+
+def shared_empty(comm, shape, dtype):
+    """A NumPy array of ``shape`` and ``dtype`` in memory the ranks of ``comm`` on this node
+    share (collective over ``comm``); a plain array where no peer shares the node."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if not available(comm):
+        return np.empty(shape, dtype)
+    raw = for_comm(comm).allocate(count * dtype.itemsize)
+    return raw.view(dtype).reshape(shape)

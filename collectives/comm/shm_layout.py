@@ -1,0 +1,164 @@
+"""Where a plan's messages lie in shared memory: the static half of the shared-memory transport.
+
+Over shared memory a message is not sent: the sender leaves it where its peer can read it and
+says so. This module decides, from one rank's plan alone, where each message will be, so that a
+receiver that builds its sender's plan (plans are pure functions of the call's shape) knows
+where to look with no descriptor exchanged at run time:
+
+- a *staged* send is copied into the sender's staging area, every staged send of a call at its
+  own 64-byte aligned offset (offsets in plan order, never reused within a call);
+- a *direct* send is read by the receiver straight from the sender's buffer, when that buffer
+  is a shared array (``collectives.empty``) and the plan never writes the sent region again in
+  this call (from the send's own step on): IN of an out-of-place call always qualifies.
+
+On the receiving side a message that lands in TMP and is only read by the local operations of
+the step that receives it (and never read again before TMP there is rewritten) needs no copy
+either: those operations read the peer's memory in place of TMP (a *mapped* receive). Every
+other receive is one copy out of the peer's memory.
+
+Nothing here imports MPI: the layout is a function of the plan and three flags.
+"""
+from ..plan import IN, OUT, TMP, REDUCE, COPY
+
+ALIGN = 64
+STAGED, DIRECT = 0, 1
+
+
+def _overlaps(lo, hi, olo, ohi):
+    return lo < ohi and olo < hi
+
+
+def _writes(step):
+    """(buffer, lo, hi) regions a step writes: its receives, then its local operations' outputs."""
+    regions = [(buf, lo, hi) for (_, buf, lo, hi, _) in step.recvs]
+    for op in step.local:
+        if op[0] == REDUCE or op[0] == COPY:
+            regions.append((op[1], op[2], op[2] + op[-1]))
+        else:  # FINAL writes its region in place (avg divides)
+            regions.append((op[1], op[2], op[2] + op[3]))
+    return regions
+
+
+def _unwritten_from(plan, index, buf, lo, hi, same):
+    """True when no local operation of step ``index`` and nothing in a later step writes
+    ``buf[lo:hi]`` (``same(a, b)``: whether two buffer names are one memory)."""
+    steps = plan.steps
+    for op in steps[index].local:
+        end = op[2] + (op[-1] if op[0] != 2 else op[3])
+        if same(op[1], buf) and _overlaps(lo, hi, op[2], end):
+            return False
+    for step in steps[index + 1:]:
+        for wbuf, wlo, whi in _writes(step):
+            if same(wbuf, buf) and _overlaps(lo, hi, wlo, whi):
+                return False
+    return True
+
+
+class SendLayout:
+    """Where each of one rank's shared-memory sends lies.
+
+    ``staged_bytes``: the staging the call needs; ``sends[i]``: step i's shared-memory sends as
+    ``(peer, buf, lo, hi, chan, mode, offset)`` (offset: bytes into staging for STAGED);
+    ``to[(peer, chan)]``: the same entries, in order, with their step, for a receiver."""
+
+    __slots__ = ("staged_bytes", "sends", "to", "direct")
+
+    def __init__(self, plan, itemsize, on_node, in_shared=False, out_shared=False, in_place=False):
+        shared = {IN: in_shared or (in_place and out_shared), OUT: out_shared or (in_place and in_shared)}
+        if in_place:
+            def same(a, b):
+                return a == b or {a, b} == {IN, OUT}
+        else:
+            def same(a, b):
+                return a == b
+        offset = 0
+        self.sends = []
+        self.to = {}
+        self.direct = False
+        for index, step in enumerate(plan.steps):
+            entries = []
+            for peer, buf, lo, hi, chan in step.sends:
+                if not on_node(peer):
+                    continue
+                if buf != TMP and shared[buf] and (
+                        (buf == IN and not in_place) or _unwritten_from(plan, index, buf, lo, hi, same)):
+                    entry = (peer, buf, lo, hi, chan, DIRECT, 0)
+                    self.direct = True
+                else:
+                    entry = (peer, buf, lo, hi, chan, STAGED, offset)
+                    offset += -(-(hi - lo) * itemsize // ALIGN) * ALIGN
+                entries.append(entry)
+                self.to.setdefault((peer, chan), []).append((index,) + entry)
+            self.sends.append(entries)
+        self.staged_bytes = offset
+
+
+def staging_bound(plan, itemsize, on_node):
+    """Staging bytes a plan needs with nothing sent direct (the most any registration needs)."""
+    total = 0
+    for step in plan.steps:
+        for peer, _, lo, hi, _ in step.sends:
+            if on_node(peer):
+                total += -(-(hi - lo) * itemsize // ALIGN) * ALIGN
+    return total
+
+
+def mapped_receives(plan, on_node):
+    """{(step index, receive index)} of receives into TMP that the step's local operations may
+    read straight from the peer's memory: nothing writes the region in that step, every read of
+    it there lies inside it, and no later step reads it before rewriting all of it."""
+    steps = plan.steps
+    mapped = set()
+    for index, step in enumerate(steps):
+        for r, (peer, buf, lo, hi, _) in enumerate(step.recvs):
+            if buf != TMP or not on_node(peer):
+                continue
+            if _mappable(steps, index, lo, hi):
+                mapped.add((index, r))
+    return mapped
+
+
+def _reads(op):
+    if op[0] == REDUCE:
+        _, _, _, a, alo, b, blo, n = op
+        return ((a, alo, alo + n), (b, blo, blo + n))
+    if op[0] == COPY:
+        _, _, _, src, slo, n = op
+        return ((src, slo, slo + n),)
+    return ((op[1], op[2], op[2] + op[3]),)  # FINAL reads its region
+
+
+def _mappable(steps, index, lo, hi):
+    for op in steps[index].local:
+        for wbuf, wlo, whi in _writes_of(op):
+            if wbuf == TMP and _overlaps(lo, hi, wlo, whi):
+                return False
+        for rbuf, rlo, rhi in _reads(op):
+            if rbuf == TMP and _overlaps(lo, hi, rlo, rhi) and not (lo <= rlo and rhi <= hi):
+                return False
+    live = [(lo, hi)]
+    for step in steps[index + 1:]:
+        reads = [(b, l, h) for (_, b, l, h, _) in step.sends]
+        for op in step.local:
+            reads.extend(_reads(op))
+        for rbuf, rlo, rhi in reads:
+            if rbuf == TMP and any(_overlaps(rlo, rhi, l, h) for l, h in live):
+                return False
+        for wbuf, wlo, whi in _writes(step):
+            if wbuf == TMP:
+                live = [part for l, h in live for part in _minus(l, h, wlo, whi)]
+        if not live:
+            break
+    return True
+
+
+def _writes_of(op):
+    if op[0] == REDUCE or op[0] == COPY:
+        return ((op[1], op[2], op[2] + op[-1]),)
+    return ((op[1], op[2], op[2] + op[3]),)
+
+
+def _minus(lo, hi, wlo, whi):
+    if not _overlaps(lo, hi, wlo, whi):
+        return [(lo, hi)]
+    return [part for part in ((lo, wlo), (whi, hi)) if part[1] > part[0]]
