@@ -5,13 +5,20 @@ Run under mpiexec with 2 or more ranks:
     mpiexec -n 2 python -m collectives.simulate --calibrate [-a ring,tree] [-b 8] [-e 16M] [-f 4] [--json F]
 
 alpha and beta come from a weighted least-squares fit (relative error) of ping-pong half
-round trips between ranks 0 and 1, 8 B .. 4 MiB, through the library's own communicator
+round trips between rank 0 and another rank of its host, 8 B .. 4 MiB, through the library's own communicator
 (``exchange``, the call the executor makes once per step, so its Python cost per message is
 in alpha); a raw mpi4py ping-pong is printed beside it for reference. gamma comes from
 timing ``np.add(a, b, out=c)`` on 8 MiB of float32 (seconds per output byte). Then every
 algorithm runs at every size of the sweep (out of place, float32, sum) and the table gives
 measured time (median over calls of the slowest rank's time) against the simulator's
 prediction with the fitted values, and their ratio.
+
+Across hosts (ranks on several shared-memory nodes, e.g. ``python -m benchmarks.cluster``), a
+second ping-pong between rank 0 and the next host's first rank, 8 B .. 16 MiB, gives the
+inter-host line: beta the slope from 1 MiB on (a shaped link's burst would otherwise pass for
+rate), alpha what the small messages leave. With even hosts the predictions then use
+``Topology(ranks per host, intra line, inter line, shared_nic=True)``: every host's link
+carries its messages across hosts one at a time in each direction.
 """
 import os
 import sys
@@ -22,6 +29,7 @@ import numpy as np
 from .cli import parse_size
 
 PINGPONG_SIZES = [8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
+INTER_SIZES = [8, 512, 4 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20, 16 << 20]
 
 
 def _reps(nbytes, small=200, large=10):
@@ -68,6 +76,22 @@ def _fit_line(sizes, times):
     return max(float(alpha), 1e-7), max(float(beta), 1e-13)
 
 
+def _fit_link(sizes, times, large=1 << 20, small=4 << 10):
+    """alpha + m beta of a link between hosts: beta the least-squares slope through the sizes from
+    ``large`` on, alpha the median of what the smallest sizes (up to ``small``) leave over m beta.
+    A shaped link (tbf) passes a burst at line rate before its rate holds, so a line through every
+    size, weighted by relative error, fits the burst, not the rate (74 MB/s on a 62.5 MB/s link)."""
+    m, t = np.array(sizes, float), np.array(times, float)
+    big = m >= large
+    if big.sum() < 2:
+        return _fit_line(sizes, times)
+    beta = float(np.polyfit(m[big], t[big], 1)[0])
+    beta = max(beta, 1e-13)
+    low = m <= small
+    alpha = float(np.median(t[low] - m[low] * beta)) if low.any() else float(np.min(t - m * beta))
+    return max(alpha, 1e-7), beta
+
+
 def _gamma(comm):
     a = np.ones(1 << 21, np.float32)
     b = np.ones_like(a)
@@ -81,14 +105,14 @@ def _gamma(comm):
     return comm.allreduce(gamma) / comm.size
 
 
-def fit(comm, lib=None, peer=1, sizes=PINGPONG_SIZES):
-    """(alpha, beta, gamma, details): the library-path fit of rank 0's ping-pong with ``peer``,
-    and the raw MPI numbers."""
+def fit(comm, lib=None, peer=1, sizes=PINGPONG_SIZES, line=_fit_line):
+    """(alpha, beta, gamma, details): the library-path fit (``line``) of rank 0's ping-pong with
+    ``peer``, and the raw MPI numbers."""
     raw = [min(_pingpong_mpi(comm, s, _reps(s), peer) for _ in range(3)) for s in sizes]
     via = [min(_pingpong_lib(comm, lib, s, _reps(s), peer) for _ in range(3)) for s in sizes] if lib else raw
     raw, via = comm.bcast((raw, via), root=0)
-    alpha, beta = _fit_line(sizes, via)
-    raw_alpha, raw_beta = _fit_line(sizes, raw)
+    alpha, beta = line(sizes, via)
+    raw_alpha, raw_beta = line(sizes, raw)
     gamma = _gamma(comm)
     return alpha, beta, gamma, {"pingpong_sizes": list(sizes), "pingpong_library": via, "pingpong_mpi": raw,
                                 "mpi_alpha": raw_alpha, "mpi_beta": raw_beta}
@@ -146,9 +170,9 @@ def main(args=None):
     hosts = _hosts(lib)
     alpha, beta, gamma, details = fit(comm, lib, peer=hosts[0][1] if len(hosts[0]) > 1 else hosts[1][0])
     two_level = None
-    if len(hosts) > 1:  # across hosts: rank 0 with a rank of the next host gives the inter-host line
-        # (up to 16 MiB: a shaped link passes its first burst faster than its rate)
-        inter_alpha, inter_beta, _, inter = fit(comm, lib, peer=hosts[1][0], sizes=PINGPONG_SIZES + [16 << 20])
+    if len(hosts) > 1:  # across hosts: rank 0 with a rank of the next host gives the inter-host line,
+        # its beta from 1 to 16 MiB (a shaped link passes its first burst faster than its rate)
+        inter_alpha, inter_beta, _, inter = fit(comm, lib, peer=hosts[1][0], sizes=INTER_SIZES, line=_fit_link)
         per_host = {len(h) for h in hosts}
         if len(per_host) == 1:
             two_level = sim.Topology(per_host.pop(), (alpha, beta), (inter_alpha, inter_beta), True)
@@ -168,6 +192,11 @@ def main(args=None):
               f"({1 / beta / 1e9:.2f} GB/s), gamma {gamma * 1e9:.4f} ns/B ({1 / gamma / 1e9:.2f} GB/s)")
         print(f"# raw mpi4py ping-pong fit, for reference: alpha {details['mpi_alpha'] * 1e6:.2f} us, "
               f"beta {details['mpi_beta'] * 1e9:.4f} ns/B ({1 / details['mpi_beta'] / 1e9:.2f} GB/s)")
+        if "inter" in details:
+            link = details["inter"]
+            print("# inter-host ping-pong half round trip (us):  size  library-exchange  (fit)")
+            for s, t_lib in zip(INTER_SIZES, link["pingpong"]):
+                print(f"#   {s:>9}  {t_lib * 1e6:>12.1f}   (fit {(link['alpha'] + s * link['beta']) * 1e6:.1f})")
         print(f"{'algorithm':>20}{'size(B)':>10}{'measured(us)':>14}{'predicted(us)':>15}{'ratio':>8}")
     for name in names:
         for nbytes in sizes:

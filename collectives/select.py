@@ -57,14 +57,15 @@ def two_level_choice(hosts, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, alpha_i
     groups = tuple(groups)
     sharing = max(len(h) for h in hosts)
     costs = {}
-    for name in candidates or _algorithms.names():
+    names = list(candidates or _algorithms.names())
+    for name in sorted(names, key=lambda n: n != "two_level"):  # two_level first: it wins a tie
         module = _algorithms.get(name)
         if name == "two_level":
             costs[name] = module.cost(size, nbytes, alpha, beta, gamma, groups=groups, alpha_inter=alpha_inter,
                                       beta_inter=beta_inter)
-        elif name == "hierarchical_copy":
+        elif name == "hierarchical_copy":  # every host leads one part per host, each part's ring on its link
             costs[name] = module.cost(size, nbytes, alpha, beta, gamma, group_size=sharing,
-                                      alpha_inter=alpha_inter, beta_inter=beta_inter)
+                                      alpha_inter=alpha_inter, beta_inter=beta_inter * len(hosts))
         else:
             costs[name] = module.cost(size, nbytes, alpha_inter, beta_inter * sharing, gamma)
     return min(costs, key=costs.get), costs

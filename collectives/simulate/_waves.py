@@ -50,18 +50,25 @@ class _Ports:
         self.issued = np.zeros(len(dur), bool)
 
     def ports_of(self, ids):
-        """Per message of ``ids``: its ports (send port first) and the positions they belong to."""
+        """Per message of ``ids``: its ports and the positions they belong to, and whether the
+        first list is the senders' own send ports. A message inside a node holds its sender's
+        send port and its receiver's receive port; with a shared NIC, a message between nodes
+        holds the sending node's outgoing link and the receiving node's incoming link instead."""
         f, p = self.f, self.p
-        n = len(ids)
-        pos = np.arange(n)
-        ports, owners = [f.s_rank[ids], p + f.s_peer[ids]], [pos, pos]
-        if self.nic is not None:
-            inter = self.nic[ids]
-            if inter.any():
-                sel = ids[inter]
-                ports += [2 * p + f.s_rank[sel] // self.kpn, 2 * p + self.nodes + f.s_peer[sel] // self.kpn]
-                owners += [pos[inter], pos[inter]]
-        return ports, owners
+        pos = np.arange(len(ids))
+        inter = self.nic[ids] if self.nic is not None else None
+        if inter is None or not inter.any():
+            return [f.s_rank[ids], p + f.s_peer[ids]], [pos, pos], True
+        ports, owners = [], []
+        local = ~inter
+        if local.any():
+            sel = ids[local]
+            ports += [f.s_rank[sel], p + f.s_peer[sel]]
+            owners += [pos[local], pos[local]]
+        sel = ids[inter]
+        ports += [2 * p + f.s_rank[sel] // self.kpn, 2 * p + self.nodes + f.s_peer[sel] // self.kpn]
+        owners += [pos[inter], pos[inter]]
+        return ports, owners, bool(local.any())
 
     def in_order(self, port, ids, post):
         """True when ``ids`` (each the first of the wave on ``port``) follow the port's last."""
@@ -73,17 +80,17 @@ class _Ports:
         if not ids.size:
             return ids
         dur = self.dur[ids]
-        ports, owners = self.ports_of(ids)
+        ports, owners, own = self.ports_of(ids)
         port = np.concatenate(ports)
         longest = int(np.bincount(port, minlength=self.nports).max())
         if longest <= 1:  # no queue: each port once
             start = post
             for i, (q, o) in enumerate(zip(ports, owners)):
-                if self.check and i and not self.in_order(q, ids[o], post[o]):
-                    return self.refuse()  # (the send port, i == 0, serves its rank in index order)
+                if self.check and (i or not own) and not self.in_order(q, ids[o], post[o]):
+                    return self.refuse()  # (a rank's own send port serves it in index order)
                 if len(o) == len(ids):
                     start = np.maximum(start, self.free[q])
-                else:  # a NIC port, for the messages between nodes
+                else:  # ports of some of the messages (inside or between nodes)
                     start = start.copy()
                     start[o] = np.maximum(start[o], self.free[q])
             end = start + dur

@@ -134,21 +134,21 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
         for i in range(ss[step], ss[step + 1]):
             src = s_src[i]
             dst = s_dst[i]
-            start = ready
-            if send_free[src] > start:
-                start = send_free[src]
-            if recv_free[dst] > start:
-                start = recv_free[dst]
-            if nic_arr is not None and nic_arr[i]:
+            if nic_arr is not None and nic_arr[i]:  # across nodes: the two nodes' links, not the ranks' ports
                 ns_, nd_ = src // kpn, dst // kpn
-                start = max(start, nic_s[ns_], nic_r[nd_])
+                start = max(ready, nic_s[ns_], nic_r[nd_])
                 end = start + dur[i]
                 nic_s[ns_] = end
                 nic_r[nd_] = end
             else:
+                start = ready
+                if send_free[src] > start:
+                    start = send_free[src]
+                if recv_free[dst] > start:
+                    start = recv_free[dst]
                 end = start + dur[i]
-            send_free[src] = end
-            recv_free[dst] = end
+                send_free[src] = end
+                recv_free[dst] = end
             if record:
                 messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
             # the sender's step: one message fewer to wait for
