@@ -11,6 +11,8 @@ Your own algorithm: ``collectives.register_algorithm(obj)`` (see docs/writing-an
 """
 from .api import algorithm_options, algorithms, allreduce, as_comm, barrier, clear_caches, empty, library_memory, zeros
 from .blocks_api import allgather, broadcast, reduce, reduce_scatter
+from .bucket import Bucketer
+from .nonblocking import AllreduceRequest, iallreduce, open_requests, waitall
 from .comm import Communicator, ThreadComm, run_threaded
 from .errors import CollectiveError, CollectiveTimeout, MismatchError, PeerAborted
 from .ops import DTYPES, OPS
@@ -20,7 +22,7 @@ from .plugins import register_algorithm, unregister_algorithm, verify
 
 __version__ = "0.1.0"
 
-__all__ = ["allreduce", "empty", "zeros", "algorithms", "algorithm_options", "reduce_scatter", "allgather", "broadcast",
+__all__ = ["allreduce", "iallreduce", "AllreduceRequest", "waitall", "open_requests", "Bucketer", "empty", "zeros", "algorithms", "algorithm_options", "reduce_scatter", "allgather", "broadcast",
            "reduce", "barrier", "run_threaded", "as_comm", "clear_caches", "library_memory", "Communicator", "ThreadComm",
            "MPIComm", "CollectiveError", "CollectiveTimeout", "MismatchError", "PeerAborted", "OPS", "DTYPES",
            "simulate", "register_algorithm", "unregister_algorithm", "verify", "PlanError", "Option"]

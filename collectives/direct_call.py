@@ -48,10 +48,35 @@ def _options_for(name, algorithm, options):
     return options
 
 
+def _no_transport(options):
+    """The options without ``transport``: these calls move messages through the communicator's own
+    point-to-point transport (ValueError for any other request)."""
+    if options and "transport" in options:
+        options = dict(options)
+        requested = options.pop("transport")
+        if requested != "auto":
+            raise ValueError(f"transport={requested!r} is not available with compression= or iallreduce "
+                             f"(their messages go through the communicator's point-to-point transport)")
+    return options
+
+
+def _execute(plan, comm, work, reduce_fn, final_fn, what, sig, inbuf=None):
+    tmp = comm.session.scratch_buffer(NUMPY, work.dtype, plan.tmp_count)
+    try:
+        execute(plan, comm, work if inbuf is None else inbuf, work, tmp, reduce_fn, final_fn, what, None, sig)
+    except CollectiveError as exc:
+        _api._failed(getattr(comm, "inner", comm), what, exc)
+        raise
+
+
 def plain(sendbuf, recvbuf, op, algorithm, comm, options):
-    """``allreduce`` exactly as the API runs it, touching none of its module-level memos."""
+    """``allreduce`` as the API runs it (the plan over the communicator's messages), touching none
+    of its module-level memos. Host (NumPy) arrays."""
+    options = _no_transport(options)
     sendbuf = _api._as_array(sendbuf, "sendbuf")
     backend = backend_for(sendbuf)
+    if backend is not NUMPY:
+        raise ValueError("iallreduce runs on host (NumPy) arrays")
     dtype = sendbuf.dtype
     check_op_dtype(op, dtype)
     if algorithm != "auto":
@@ -65,12 +90,10 @@ def plain(sendbuf, recvbuf, op, algorithm, comm, options):
         from .check import agree
         agree(comm, "allreduce", name, op, dtype, sendbuf.size, params)
     reduce_fn, final_fn = _api._ufuncs(op, dtype, backend, comm.size)
-    what = f"allreduce({name})"
     sig = _api.signature("allreduce", name, op, dtype, sendbuf.size, params)
-    fast = getattr(module, "run", None) if backend is NUMPY else None
     out, result, copy_back = _work_buffer(sendbuf, recvbuf, backend, copy_in=False)
     source = out if recvbuf is sendbuf else backend.flat_contiguous(sendbuf)
-    _api._run(plan, comm, backend, source, out, reduce_fn, final_fn, what, fast, sig)
+    _execute(plan, comm, out, reduce_fn, final_fn, f"allreduce({name})", sig, inbuf=source)
     if copy_back is not None:
         backend.copyto(copy_back, out.reshape(copy_back.shape))
     return result
@@ -127,6 +150,7 @@ def _choose(comm, nbytes, dtype, fmt, scope, algorithm):
 
 def allreduce(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope, residual):
     """``collectives.allreduce`` with ``compression`` (or COLLECTIVES_COMPRESSION) and ``residual``."""
+    options = _no_transport(options)
     sendbuf = _api._as_array(sendbuf, "sendbuf")
     explicit = compression is not None and compression != "none"
     fmt = compression if explicit else (None if compression == "none" else _compression.env_default())
@@ -173,12 +197,7 @@ def allreduce(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope
         flat_residual[...] = out
         _compression.round_to_wire(out, fmt, wrapper._stage(out.size))
         flat_residual -= out  # ... and what this call's rounding drops
-    tmp = comm.session.scratch_buffer(backend, dtype, plan.tmp_count)
-    try:
-        execute(plan, wrapper, out, out, tmp, reduce_fn, final_fn, what, None, sig)
-    except CollectiveError as exc:
-        _api._failed(comm, what, exc)
-        raise
+    _execute(plan, wrapper, out, reduce_fn, final_fn, what, sig)
     if rounding:  # ranks may hold x or round(x) of a value some rank rounded as it sent it: all take round(x)
         _compression.round_to_wire(out, fmt, wrapper._stage(out.size))
     if copy_back is not None:
