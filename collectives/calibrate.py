@@ -76,20 +76,18 @@ def _fit_line(sizes, times):
     return max(float(alpha), 1e-7), max(float(beta), 1e-13)
 
 
-def _fit_link(sizes, times, large=1 << 20, small=4 << 10):
+def _fit_link(sizes, times, large=1 << 20):
     """alpha + m beta of a link between hosts: beta the least-squares slope through the sizes from
-    ``large`` on, alpha the median of what the smallest sizes (up to ``small``) leave over m beta.
-    A shaped link (tbf) passes a burst at line rate before its rate holds, so a line through every
-    size, weighted by relative error, fits the burst, not the rate (74 MB/s on a 62.5 MB/s link)."""
+    ``large`` on, alpha what the smallest message leaves over m beta. A shaped link (tbf) passes a
+    burst at line rate before its rate holds, so a line through every size, weighted by relative
+    error, fits the burst, not the rate (74 MB/s on a 62.5 MB/s link)."""
     m, t = np.array(sizes, float), np.array(times, float)
     big = m >= large
     if big.sum() < 2:
         return _fit_line(sizes, times)
-    beta = float(np.polyfit(m[big], t[big], 1)[0])
-    beta = max(beta, 1e-13)
-    low = m <= small
-    alpha = float(np.median(t[low] - m[low] * beta)) if low.any() else float(np.min(t - m * beta))
-    return max(alpha, 1e-7), beta
+    beta = max(float(np.polyfit(m[big], t[big], 1)[0]), 1e-13)
+    first = int(np.argmin(m))
+    return max(float(t[first] - m[first] * beta), 1e-7), beta
 
 
 def _gamma(comm):

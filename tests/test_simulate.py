@@ -170,3 +170,66 @@ def test_topology_cli(capsys):
     assert sim.main(["-a", "hierarchical_copy", "--topology", "nodes=4x4,intra=1e-6:1e-10,inter=1e-5:1e-9",
                      "-b", "1K", "-e", "1K"]) == 0
     assert "16 ranks" in capsys.readouterr().out
+
+
+LINK = 1 / 62.5e6  # a 500 Mbit/s host link, seconds per byte
+
+
+@pytest.mark.parametrize("hosts, per_host", [(2, 2), (3, 2), (2, 3)])
+def test_no_algorithm_beats_the_host_link_floor(hosts, per_host):
+    # every byte across hosts passes its host's one link, in each direction: an all-reduce of N
+    # bytes takes at least 2(H-1)/H N over the link's rate, whatever the algorithm
+    topo = sim.Topology(per_host, (2e-6, 1e-10), (50e-6, LINK), shared_nic=True)
+    n = 16 << 20
+    floor = 2 * (hosts - 1) / hosts * n * LINK
+    for name in ALGORITHMS:
+        for options in ({}, {"chunks": 4}) if name == "two_level" else ({},):
+            r = collectives.simulate(name, ranks=hosts * per_host, nbytes=n, topology=topo, verify_data=False,
+                                     **options)
+            assert r.time >= floor, (name, options, r.time, floor)
+    best = collectives.simulate("two_level", ranks=hosts * per_host, nbytes=n, topology=topo, verify_data=False)
+    assert best.time < 1.05 * floor  # and the two-level algorithm comes close to it
+
+
+def test_messages_between_hosts_hold_the_links_not_the_ranks_ports():
+    # pipelined two_level: while a rank's chunk crosses the link, its next chunk's message inside
+    # the host runs at the same time; two messages leaving one host never overlap
+    topo = sim.Topology(2, (2e-6, 1e-10), (50e-6, LINK), shared_nic=True)
+    r = collectives.simulate("two_level", ranks=4, nbytes=4 << 20, topology=topo, record=True, chunks=4)
+    assert r.verified
+    inter = [m for m in r.messages if m[2] // 2 != m[3] // 2]
+    intra = [m for m in r.messages if m[2] // 2 == m[3] // 2]
+    assert any(a[2] == b[2] and a[0] < b[1] and b[0] < a[1] for a in inter for b in intra)
+    for host in (0, 1):
+        out = sorted((s, e) for s, e, src, dst, *_ in inter if src // 2 == host)
+        assert all(e1 <= s2 + 1e-12 for (_, e1), (s2, _) in zip(out, out[1:]))
+
+
+@pytest.mark.parametrize("per_host, hosts", [(2, 2), (2, 3), (3, 4), (1, 5)])
+def test_waves_and_event_loop_agree_with_a_shared_nic(per_host, hosts, monkeypatch):
+    from collectives.simulate import timing
+
+    topo = sim.Topology(per_host, (30e-6, 3e-10), (100e-6, LINK), shared_nic=True)
+    for name in ALGORITHMS:
+        for n in (4096, 1 << 20):
+            options = {"chunks": 3} if name == "two_level" else {}
+            waves = collectives.simulate(name, ranks=per_host * hosts, nbytes=n, topology=topo, verify_data=False,
+                                         **options).time
+            with monkeypatch.context() as m:
+                m.setattr(timing, "wave_times", lambda *a, **k: None)
+                loop = collectives.simulate(name, ranks=per_host * hosts, nbytes=n, topology=topo,
+                                            verify_data=False, **options).time
+            assert waves == pytest.approx(loop, rel=1e-9), (name, n)
+
+
+def test_the_link_fit_sees_the_rate_past_a_burst():
+    from collectives import calibrate
+
+    sizes = calibrate.INTER_SIZES
+    burst, alpha = 256 << 10, 80e-6
+    times = [alpha + max(0, m - burst) * LINK + min(m, burst) * LINK / 20 for m in sizes]  # tbf: burst first
+    a, b = calibrate._fit_link(sizes, times)
+    assert b == pytest.approx(LINK, rel=1e-6)
+    assert a == pytest.approx(alpha, rel=0.05)
+    _, b_all = calibrate._fit_line(sizes, times)
+    assert b_all < 0.9 * LINK  # a line through every size takes the burst for rate

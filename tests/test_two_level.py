@@ -86,3 +86,62 @@ def test_the_tuning_table_is_keyed_by_topology(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("COLLECTIVES_TUNING")
         tuning.reload()
+
+
+@pytest.mark.parametrize("groups", [(0, 0, 1, 1), (0, 0, 1, 2, 2), (0, 0, 0, 1, 1, 1, 2, 2, 2),
+                                    (0, 0, 1, 1, 2, 2, 3, 3)])
+@pytest.mark.parametrize("chunks", [2, 3, 8])
+def test_pipelined_chunks_verify_and_stay_aligned(groups, chunks):
+    # every inter algorithm, pipelined where its ranks share steps, one chunk elsewhere
+    for inter in two_level.INTER:
+        assert collectives.verify("two_level", ranks=[len(groups)], counts=(0, 1, 7, 1000, 4099),
+                                  groups=groups, inter=inter, chunks=chunks) == 5
+    # ring inter, even hosts: chunk i runs one step behind chunk i - 1, so the plan has c - 1 more
+    # steps than one chunk, and in every step each rank sends exactly what its peers receive from it
+    if len({len(h) for h in two_level.hosts_of(groups)}) > 1:
+        return
+    n, count = len(groups), 1 << 12
+    one = [two_level.build(r, n, count, groups=groups, chunks=1) for r in range(n)]
+    many = [two_level.build(r, n, count, groups=groups, chunks=chunks) for r in range(n)]
+    assert max(len(p.steps) for p in many) == max(len(p.steps) for p in one) + chunks - 1
+    for step in range(len(many[0].steps)):
+        sent = sorted((r, peer, hi - lo, chan) for r, p in enumerate(many) if step < len(p.steps)
+                      for peer, _, lo, hi, chan in p.steps[step].sends)
+        got = sorted((peer, r, hi - lo, chan) for r, p in enumerate(many) if step < len(p.steps)
+                     for peer, _, lo, hi, chan in p.steps[step].recvs)
+        assert sent == got, (groups, chunks, step)
+
+
+def test_pipelined_results_are_exact_and_bitwise_identical():
+    groups = (0, 0, 1, 2, 2)
+    for chunks in (2, 4):
+        results = collectives.run_threaded(5, lambda comm: collectives.allreduce(
+            (np.arange(5003) % 11 + comm.rank).astype(np.float32), comm=comm, algorithm="two_level",
+            groups=groups, chunks=chunks))
+        want = sum((np.arange(5003) % 11 + r).astype(np.float32) for r in range(5))
+        assert all(r.tobytes() == results[0].tobytes() for r in results)
+        np.testing.assert_array_equal(results[0], want)
+
+
+def test_default_chunks_and_cost_with_chunks():
+    assert two_level.default_chunks(1 << 20) == 1
+    assert two_level.default_chunks(two_level.PIPELINE_MIN_BYTES) == two_level.PIPELINE_CHUNKS
+    groups = (0, 0, 1, 1)
+    kw = dict(groups=groups, alpha_inter=30e-6, beta_inter=1 / 62.5e6)
+    # large: the intra-host part overlaps the link; small: each chunk adds latency
+    assert two_level.cost(4, 64 << 20, 15e-6, 1e-9, 1e-10, chunks=4, **kw) < \
+        two_level.cost(4, 64 << 20, 15e-6, 1e-9, 1e-10, chunks=1, **kw)
+    assert two_level.cost(4, 1024, 15e-6, 1e-9, 1e-10, chunks=4, **kw) > \
+        two_level.cost(4, 1024, 15e-6, 1e-9, 1e-10, chunks=1, **kw)
+    with pytest.raises(ValueError, match="chunks"):
+        collectives.run_threaded(2, lambda c: collectives.allreduce(np.ones(2), comm=c, algorithm="two_level",
+                                                                  chunks=0))
+
+
+def test_hierarchical_copy_parts_share_the_host_link_in_the_cost_model():
+    # each host leads one part per host, all crossing its one link: 2(H-1)/H N in all, as two_level
+    hosts = ((0, 1), (2, 3))
+    _, costs = select.two_level_choice(hosts, 64 << 20)
+    link = 2 * (2 - 1) / 2 * (64 << 20) * select.BETA_INTER
+    assert costs["hierarchical_copy"] >= link and costs["two_level"] >= link
+    assert select.two_level_choice(hosts, 16 << 20)[0] == "two_level"

@@ -1,0 +1,141 @@
+"""Tables and a plot for all-reduce across emulated hosts (benchmarks/RESULTS.md, "Across emulated hosts").
+
+    python -m benchmarks.cluster_report --rate 500M --sweep 2x2=A.json --sweep 3x2=B.json \\
+        [--calibrate 2x2=C.json --calibrate 3x2=D.json] [--plot F.png]
+
+``--sweep HxK=FILE``: an ``allreduce_perf --json`` run across H hosts of K ranks (with ``benchmarks.cluster``);
+prints per size the link floor 2(H-1)/H N / R (R the rate of one host's link), native's, auto's and
+the best algorithm's times (out of place), and the ratios issue 19 asks for: auto and best against
+the floor, auto against native, auto against the best. ``--calibrate HxK=FILE``: a ``--calibrate
+--json`` run across the same hosts; prints each algorithm's measured against predicted time from
+1 MiB. ``--plot``: time over the link floor against size, one panel per shape.
+"""
+import argparse
+import json
+import sys
+
+
+def _rate(text):
+    """Bytes per second of a link given as tc writes it: 500M, 1G, 100mbit."""
+    t = text.lower().replace("bit", "")
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9}.get(t[-1:], 1)
+    return float(t.rstrip("kmg")) * scale / 8
+
+
+def _shape(text):
+    shape, path = text.split("=", 1)
+    hosts, per_host = (int(x) for x in shape.lower().split("x"))
+    return hosts, per_host, path
+
+
+def floor(hosts, nbytes, rate):
+    return 2 * (hosts - 1) / hosts * nbytes / rate
+
+
+def sweep_rows(path, hosts, rate):
+    """Per size: {'size', 'floor', algorithm: seconds, 'auto_pick'}, out of place."""
+    records = json.load(open(path))["records"]
+    rows = {}
+    for r in records:
+        row = rows.setdefault(r["size"], {"size": r["size"], "floor": floor(hosts, r["size"], rate)})
+        row[r["algorithm"]] = r["oop"]["time_us"] / 1e6
+        if r["algorithm"] == "auto":
+            row["auto_pick"] = r["label"][5:-1] if r["label"].startswith("auto(") else r["label"]
+    return [rows[s] for s in sorted(rows)]
+
+
+def best_of(row):
+    mine = {k: v for k, v in row.items() if k not in ("size", "floor", "native", "auto", "auto_pick")}
+    name = min(mine, key=mine.get)
+    return name, mine[name]
+
+
+def sweep_table(shapes, rate):
+    out = ["| hosts x ranks | size | floor (ms) | native (ms) | auto (ms, its pick) | best (ms, which) | "
+           "auto / floor | best / floor | auto / native | auto / best |",
+           "|---|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    for hosts, per_host, rows in shapes:
+        for row in rows:
+            name, best = best_of(row)
+            auto = row.get("auto")
+            # full names: allreduce_perf cuts its label column short
+            pick = next((n for n in row if n not in ("auto", "auto_pick") and n.startswith(row.get("auto_pick", "?"))),
+                        row.get("auto_pick", "-"))
+            out.append(f"| {hosts} x {per_host} | {row['size'] >> 20} MiB | {row['floor'] * 1e3:.1f} | "
+                       f"{row['native'] * 1e3:.1f} | {auto * 1e3:.1f} ({pick}) | {best * 1e3:.1f} ({name}) | "
+                       f"{auto / row['floor']:.2f} | {best / row['floor']:.2f} | {auto / row['native']:.2f} | "
+                       f"{auto / best:.2f} |")
+    return "\n".join(out)
+
+
+def calibrate_table(shapes, lo=1 << 20):
+    out = []
+    for hosts, per_host, path in shapes:
+        data = json.load(open(path))
+        inter = data.get("details", {}).get("inter", {})
+        out.append(f"\n{hosts} hosts x {per_host} ranks: intra-host alpha {data['alpha'] * 1e6:.1f} us, beta "
+                   f"{data['beta'] * 1e9:.3f} ns/B; inter-host alpha {inter.get('alpha', 0) * 1e6:.1f} us, beta "
+                   f"{inter.get('beta', 0) * 1e9:.2f} ns/B ({1 / inter['beta'] / 1e6:.1f} MB/s); gamma "
+                   f"{data['gamma'] * 1e9:.3f} ns/B\n" if inter else "\n")
+        sizes = sorted({r["size"] for r in data["rows"] if r["size"] >= lo})
+        out.append("| algorithm | " + " | ".join(f"{s >> 20} MiB measured / predicted (ms)" for s in sizes)
+                   + " | worst ratio |")
+        out.append("|---|" + "---:|" * (len(sizes) + 1))
+        for name in dict.fromkeys(r["algorithm"] for r in data["rows"]):
+            cells, worst = [], 1.0
+            for s in sizes:
+                r = next(r for r in data["rows"] if r["algorithm"] == name and r["size"] == s)
+                ratio = r["measured"] / r["predicted"]
+                worst = ratio if abs(ratio - 1) > abs(worst - 1) else worst
+                cells.append(f"{r['measured'] * 1e3:.1f} / {r['predicted'] * 1e3:.1f} ({ratio:.2f})")
+            out.append(f"| {name} | " + " | ".join(cells) + f" | {worst:.2f} |")
+    return "\n".join(out)
+
+
+def plot(shapes, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    for ax, (hosts, per_host, rows) in zip(axes[0], shapes):
+        names = [k for k in rows[0] if k not in ("size", "floor", "auto_pick")]
+        for name in names:
+            xs = [r["size"] for r in rows if name in r]
+            ys = [r[name] / r["floor"] for r in rows if name in r]
+            style = {"linestyle": "--", "color": "black"} if name == "native" else \
+                {"linewidth": 2.5, "color": "tab:red"} if name == "auto" else {}
+            ax.plot(xs, ys, marker="o", markersize=4, label="native MPI_Allreduce" if name == "native" else name,
+                    **style)
+        ax.axhline(1.0, color="grey", linewidth=1)
+        ax.axhline(1.25, color="grey", linewidth=1, linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("time / link floor 2(H-1)/H N/R")
+        ax.set_title(f"{hosts} hosts x {per_host} ranks, 500 Mbit/s links")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cluster_report", description=__doc__.split("\n")[0])
+    p.add_argument("--rate", default="500M", help="each host link's rate, as given to benchmarks.cluster")
+    p.add_argument("--sweep", action="append", default=[], type=_shape, help="HxK=allreduce_perf.json")
+    p.add_argument("--calibrate", action="append", default=[], type=_shape, help="HxK=calibrate.json")
+    p.add_argument("--plot")
+    args = p.parse_args(argv)
+    rate = _rate(args.rate)
+    shapes = [(h, k, sweep_rows(path, h, rate)) for h, k, path in args.sweep]
+    if shapes:
+        print(sweep_table(shapes, rate))
+    if args.calibrate:
+        print(calibrate_table(args.calibrate))
+    if args.plot and shapes:
+        plot(shapes, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
