@@ -40,7 +40,8 @@ def sweep_rows(path, hosts, rate):
         row = rows.setdefault(r["size"], {"size": r["size"], "floor": floor(hosts, r["size"], rate)})
         row[r["algorithm"]] = r["oop"]["time_us"] / 1e6
         if r["algorithm"] == "auto":
-            row["auto_pick"] = r["label"][5:-1] if r["label"].startswith("auto(") else r["label"]
+            pick = r["label"][5:-1] if r["label"].startswith("auto(") else r["label"]
+            row["auto_pick"] = pick.split("@")[0]  # "two_level@shm": the transport inside hosts
     return [rows[s] for s in sorted(rows)]
 
 
