@@ -13,11 +13,15 @@ ready and every bucket before it has started: ranks may mark arrays ready in any
 still post the same all-reduces in the same order, which ``iallreduce`` requires. A bucket of
 one C-contiguous array is reduced in place in that array (no copies). ``wait()`` finishes every
 bucket, copies the results back into the arrays and readies the Bucketer for the next round.
-``error_feedback=True`` (with ``compression=``) keeps one residual per bucket across rounds.
+``compression=`` applies to the float32/float64 buckets; buckets of other dtypes (integers, 16-bit
+floats) are reduced exactly. ``error_feedback=True`` (with ``compression=``) keeps one residual
+per compressed bucket across rounds.
 """
 import numpy as np
 
 from .nonblocking import iallreduce
+
+_WIRE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # what compression= applies to
 
 
 class Bucketer:
@@ -87,8 +91,12 @@ class Bucketer:
         self.missing[bucket] -= 1
         while len(self.requests) < len(self.buckets) and self.missing[len(self.requests)] == 0:
             b = len(self.requests)
-            residual = None if self.residuals is None else self.residuals[b]
-            self.requests.append(iallreduce(self.buffers[b], self.buffers[b], residual=residual, **self.options))
+            buf = self.buffers[b]
+            options = self.options
+            if buf.dtype not in _WIRE_DTYPES and "compression" in options:  # exact: ints, 16-bit floats
+                options = {k: v for k, v in options.items() if k not in ("compression", "compression_scope")}
+            residual = None if self.residuals is None or "compression" not in options else self.residuals[b]
+            self.requests.append(iallreduce(buf, buf, residual=residual, **options))
 
     def wait(self, timeout=None):
         """Finish every bucket and unpack the results into the arrays; returns the arrays. Every

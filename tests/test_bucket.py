@@ -103,3 +103,15 @@ def test_bad_use_is_a_value_error():
         return buckets.wait()[1]
 
     assert all(np.array_equal(r, np.full(4, 2.0)) for r in collectives.run_threaded(2, body))
+
+
+def test_compression_leaves_integer_buckets_exact():
+    def body(comm):
+        comm.node_colors = lambda: (0, 1)
+        arrays = [np.full(5, 2 ** 40 + 1, np.int64), np.full(5, 1 + 2.0 ** -10, np.float32)]
+        collectives.Bucketer(arrays, comm=comm, compression="bf16", error_feedback=True).reduce(timeout=60)
+        return arrays
+
+    for ints, floats in collectives.run_threaded(2, body):
+        assert np.array_equal(ints, np.full(5, 2 * (2 ** 40 + 1)))
+        assert np.array_equal(floats, np.full(5, 2.0, np.float32))
