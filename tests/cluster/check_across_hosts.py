@@ -35,8 +35,15 @@ if len(set(hosts)) < 2:
     problems.append(f"every rank on one host: {hosts}")
 
 # shared memory only between ranks of one host: shm's window is never made across hosts
-shm = sys.modules.get("collectives.algorithms.shm") or __import__("collectives.algorithms.shm", fromlist=["x"])
-if shm.available(ours):
+try:  # the shared-memory transport (issue 18): a window over this rank's node, where it has peers
+    import collectives.comm.shm as transport
+except ImportError:
+    transport = None
+if transport is not None:
+    if transport.available(ours) != (hosts.count(hosts[RANK]) > 1):
+        problems.append(f"the shm transport is {'' if transport.available(ours) else 'not '}available on host "
+                        f"{hosts[RANK]} of {hosts.count(hosts[RANK])} rank(s)")
+elif __import__("collectives.algorithms.shm", fromlist=["x"]).available(ours):
     problems.append("shm found a shared window across hosts")
 node = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
 node_hosts = node.allgather(socket.gethostname())
@@ -53,6 +60,23 @@ for algorithm in collectives.algorithms():
             y = collectives.allreduce(x, algorithm=algorithm)
             if not (np.array_equal(y, want) and same_everywhere(y)):
                 problems.append(f"{algorithm} {np.dtype(dtype)} count={count}")
+# two_level pipelined, every inter algorithm (one chunk where its ranks do not share steps), and
+# a message past the default pipelining size: rendezvous-sized messages across hosts in every chunk
+for inter in ("ring", "recursive_doubling", "rabenseifner", "double_binary_tree"):
+    for chunks in (2, 3):
+        for count in (SIZE + 1, 5000, 300000):
+            x = ((np.arange(count) + RANK) % 7).astype(np.float32)
+            want = np.empty_like(x)
+            WORLD.Allreduce(x, want, op=MPI.SUM)
+            y = collectives.allreduce(x, algorithm="two_level", inter=inter, chunks=chunks)
+            if not (np.array_equal(y, want) and same_everywhere(y)):
+                problems.append(f"two_level inter={inter} chunks={chunks} count={count}")
+x = (np.arange((4 << 20) // 4) % 7 + RANK).astype(np.float32)  # 4 MiB: the default two chunks
+want = np.empty_like(x)
+WORLD.Allreduce(x, want, op=MPI.SUM)
+y = collectives.allreduce(x, algorithm="two_level")
+if not (np.array_equal(y, want) and same_everywhere(y)):
+    problems.append("two_level 4 MiB (default chunks)")
 # hierarchical algorithms: one group per host (the groups hierarchical_copy resolves by default)
 hierarchical = sys.modules["collectives.algorithms.hierarchical_copy"]
 groups = hierarchical.resolve({"group_size": None}, ours)["groups"]
