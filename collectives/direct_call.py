@@ -148,6 +148,19 @@ def _choose(comm, nbytes, dtype, fmt, scope, algorithm):
     return hit[0]
 
 
+def check_residual(residual, sendbuf, recvbuf):
+    """ValueError unless ``residual`` (or None) fits ``sendbuf`` and shares memory with neither buffer."""
+    if residual is None:
+        return
+    if not isinstance(residual, np.ndarray) or residual.shape != sendbuf.shape or residual.dtype != sendbuf.dtype \
+            or not residual.flags.c_contiguous or not residual.flags.writeable:
+        raise ValueError(f"residual must be a writeable C-contiguous array of shape {sendbuf.shape} and dtype "
+                         f"{sendbuf.dtype}, got {type(residual).__name__} {getattr(residual, 'shape', '')} "
+                         f"{getattr(residual, 'dtype', '')}")
+    if np.may_share_memory(residual, sendbuf) or (recvbuf is not None and np.may_share_memory(residual, recvbuf)):
+        raise ValueError("residual must not share memory with sendbuf or recvbuf")
+
+
 def allreduce(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope, residual):
     """``collectives.allreduce`` with ``compression`` (or COLLECTIVES_COMPRESSION) and ``residual``."""
     options = _no_transport(options)
@@ -171,14 +184,7 @@ def allreduce(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope
     if algorithm != "auto":
         _algorithms.get(algorithm)
     _check_recvbuf(sendbuf, recvbuf, backend)
-    if residual is not None:
-        if not isinstance(residual, np.ndarray) or residual.shape != sendbuf.shape or residual.dtype != dtype \
-                or not residual.flags.c_contiguous or not residual.flags.writeable:
-            raise ValueError(f"residual must be a writeable C-contiguous array of shape {sendbuf.shape} and dtype "
-                             f"{dtype}, got {type(residual).__name__} {getattr(residual, 'shape', '')} "
-                             f"{getattr(residual, 'dtype', '')}")
-        if np.may_share_memory(residual, sendbuf) or (recvbuf is not None and np.may_share_memory(residual, recvbuf)):
-            raise ValueError("residual must not share memory with sendbuf or recvbuf")
+    check_residual(residual, sendbuf, recvbuf)
     comm = _api._usable(comm)
     wrapper, rounding = _compression.compressed(comm, fmt, scope)
     name = _choose(comm, sendbuf.nbytes, dtype, fmt, scope, algorithm)

@@ -173,6 +173,12 @@ def _validate(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope
                          f"{getattr(recvbuf, 'dtype', None)}, expected shape {sendbuf.shape} dtype {sendbuf.dtype}")
     if compression not in (None, "none"):
         _compression.check(compression, scope, sendbuf.dtype)
+    elif residual is not None or scope != "across_hosts":
+        raise ValueError(f"{'residual' if residual is not None else 'compression_scope'} needs compression= "
+                         f"(bf16 or fp16)")
+    from .direct_call import check_residual
+
+    check_residual(residual, sendbuf, recvbuf)
 
 
 def iallreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, compression=None,

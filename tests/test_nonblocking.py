@@ -75,6 +75,10 @@ def test_bad_input_raises_at_post_before_any_message():
             collectives.iallreduce(np.ones(3), np.ones(4), comm=comm)
         with pytest.raises(ValueError):
             collectives.iallreduce(np.ones(3), comm=comm, op="xor")
+        with pytest.raises(ValueError, match="residual must be"):
+            collectives.iallreduce(np.ones(3), comm=comm, compression="bf16", residual=np.zeros(2))
+        with pytest.raises(ValueError, match="residual needs compression"):
+            collectives.iallreduce(np.ones(3), comm=comm, residual=np.zeros(3))
         return collectives.open_requests(comm)
 
     assert collectives.run_threaded(2, body) == [0, 0]
