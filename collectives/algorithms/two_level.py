@@ -24,8 +24,8 @@ where the K ranks of a host share its link (K x beta_inter_per_rank = the link's
 chunks the intra-host bytes term shrinks to 1/c (the rest overlaps the link) and (c - 1)
 (alpha_intra + alpha_inter) is added.
 Limits: pipelining needs an inter algorithm whose ranks all send and receive in the same steps
-(ring; recursive doubling and Rabenseifner over a power of two hosts), else one chunk runs. uneven hosts use as many blocks as the smallest host has ranks, so the local ranks
-past that count only reduce and gather inside their host; with one host it is a ring.
+(ring; recursive doubling and Rabenseifner over a power of two hosts), else one chunk runs.
+Uneven hosts use as many blocks as the smallest host has ranks, so the local ranks past that count only reduce and gather inside their host; with one host it is a ring.
 Reference: A. Sergeev and M. Del Balso, "Horovod: fast and easy distributed deep learning in
 TensorFlow", arXiv:1802.05799 (2018), and Horovod's hierarchical allreduce; NCCL's tree/ring
 split between intra- and inter-node steps.
@@ -96,7 +96,8 @@ def pipelined(inter, hosts):
 
 def inter_steps(inter, hosts):
     """Steps of the inter algorithm over ``hosts`` ranks, where ``pipelined`` holds."""
-    return 2 * (hosts - 1) if inter == "ring" else (hosts - 1).bit_length() * (1 if inter == "recursive_doubling" else 2)
+    rounds = (hosts - 1).bit_length()
+    return 2 * (hosts - 1) if inter == "ring" else rounds * (1 if inter == "recursive_doubling" else 2)
 
 
 def default_chunks(nbytes):
@@ -196,4 +197,5 @@ def cost(p, nbytes, alpha, beta, gamma, groups=None, inter="ring", alpha_inter=N
              "rabenseifner": 2 * max(1, (h - 1).bit_length()), "double_binary_tree": 2 * max(1, (h - 1).bit_length())}
     volume = {"recursive_doubling": max(1, (h - 1).bit_length()) * share}.get(inter, 2 * (h - 1) / h * share)
     across = steps[inter] * alpha_inter + volume * k * beta_inter  # k ranks share the host's link
-    return intra + across + (c - 1) * (alpha + alpha_inter) + ((kmax - 1) / kmax / c + (h - 1) / h / k) * nbytes * gamma
+    reduce = ((kmax - 1) / kmax / c + (h - 1) / h / k) * nbytes * gamma
+    return intra + across + (c - 1) * (alpha + alpha_inter) + reduce

@@ -23,8 +23,10 @@ moves every rank that can move in one vectorised wave per step. ``--scale-check`
 the wall time per algorithm at 1,024 ranks and, for the logarithmic ones, at 65,536.
 
 Topology: ``Topology(ranks_per_node=k, intra=(alpha, beta), inter=(alpha, beta),
-shared_nic=True)`` prices messages inside and between nodes separately; with a shared NIC
-every message leaving (entering) a node also holds that node's one network port.
+shared_nic=True)`` prices messages inside and between nodes separately; with a shared NIC a
+message between nodes holds the sending node's outgoing link and the receiving node's incoming
+link (not its ranks' ports): each node's traffic across nodes goes one message at a time in each
+direction, so no algorithm beats the link floor 2(H-1)/H N beta_inter.
 
 CLI: ``python -m collectives.simulate -a ring,tree -p 1024 -b 8 -e 1G [--topology
 nodes=128x8,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared]] [--plot F.png] [--timeline F.png]``,

@@ -1,9 +1,9 @@
 """The timing model without the event loop: every rank at once, one vectorised wave per step.
 
-The event loop (``collectives.simulate.timing``) handles messages in the order of their post time, ties
-broken by message index (rank, then step, then post order), and each message holds its ports
-(the sender's send port, the receiver's receive port, with a shared NIC both nodes' network
-ports) from ``max(post, each port free)`` for its duration. So on every port the messages
+The event loop (``collectives.simulate.timing``) handles messages in the order of their post
+time, ties broken by message index (rank, then step, then post order), and each message holds
+its ports (the sender's send port and the receiver's receive port; with a shared NIC, between
+nodes, the two nodes' network ports) from ``max(post, each port free)`` for its duration. So on every port the messages
 queue in (post time, index) order, and a schedule in which every port serves its messages in
 that order, each from the latest of its post time and the end of its port's previous message,
 is the event loop's answer (with durations above zero, by induction over that order).

@@ -1,8 +1,8 @@
 """The simulator's timing model: a discrete-event run of every rank's plan (``collectives.flat``).
 
-A message of m bytes holds its sender's send port and its receiver's receive port (and, with a
-shared NIC, both nodes' network ports) for alpha + m beta, starting in the order of its post
-time, ties broken by message index (the lower rank first, then the earlier step, then post
+A message of m bytes holds its sender's send port and its receiver's receive port (with a shared
+NIC and between nodes, both nodes' links instead) for alpha + m beta, starting in the order of
+its post time, ties broken by message index (the lower rank first, then the earlier step, then post
 order: a deterministic model); a rank's step ends when all its messages have, then its
 reductions take gamma per byte. ``collectives.simulate._waves`` computes the same schedule in
 vectorised waves; the event loop below runs where it cannot.
@@ -19,8 +19,8 @@ from ..plan import PlanError
 
 def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
     """Discrete-event model: messages start in order of their post time, each holds its
-    sender's send port and its receiver's receive port (and, with a shared NIC, both nodes'
-    network ports) for alpha + m beta; a step ends when all its messages have, then its
+    sender's send port and its receiver's receive port (with a shared NIC and between nodes,
+    the two nodes' links instead) for alpha + m beta; a step ends when all its messages have, then its
     reductions take gamma per byte. Returns (finish per rank, links, messages): ``links``
     is, per global step, the message that ended it last (for the critical path)."""
     f = flat if flat is not None else _Flat(plans)

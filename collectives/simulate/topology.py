@@ -5,7 +5,9 @@ from dataclasses import dataclass
 
 @dataclass
 class Topology:
-    """Nodes of ``ranks_per_node`` ranks; (alpha, beta) inside a node and between nodes."""
+    """Nodes of ``ranks_per_node`` ranks; (alpha, beta) inside a node and between nodes. With
+    ``shared_nic``, a message between nodes holds the two nodes' links (one per direction, shared
+    by the node's ranks) instead of its ranks' ports; without, it holds the ranks' ports only."""
     ranks_per_node: int
     intra: tuple
     inter: tuple
