@@ -45,26 +45,28 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # ---------------------------------------------------------------------------------- conversion
-def _bf16_bits(src32, out16):
-    """float32 values -> bf16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
+def _bf16_bits(src32, out16, work=None):
+    """float32 values -> bf16 bit patterns (uint16), round to nearest even; NaN stays NaN.
+    ``work``: a uint32 scratch of at least ``src32.size`` elements (else one is allocated)."""
     bits = src32.view(np.uint32)
-    work = np.right_shift(bits, 16)
+    work = np.empty(bits.size, np.uint32) if work is None else work[:bits.size]
+    np.right_shift(bits, 16, out=work)
     np.bitwise_and(work, 1, out=work)
     work += 0x7FFF
     work += bits  # wraps only for NaN patterns, fixed below
     np.right_shift(work, 16, out=work)
     out16[...] = work  # uint32 -> uint16 (the high half is zero)
-    nan = src32 != src32
-    if nan.any():
-        out16[nan] = 0x7FC0
+    if bits.size and np.isnan(np.max(src32)):  # max propagates NaN: one pass, no temporary
+        out16[np.isnan(src32)] = 0x7FC0
 
 
-def encode(src, out16, fmt):
-    """Encode float32/float64 ``src`` into ``out16`` (uint16, same length) in format ``fmt``."""
+def encode(src, out16, fmt, work=None):
+    """Encode float32/float64 ``src`` into ``out16`` (uint16, same length) in format ``fmt``;
+    ``work``: optional uint32 scratch of ``src.size`` elements (bf16)."""
     if fmt == "fp16":
         out16.view(np.float16)[...] = src
     else:
-        _bf16_bits(src if src.dtype == np.float32 else src.astype(np.float32), out16)
+        _bf16_bits(src if src.dtype == np.float32 else src.astype(np.float32), out16, work)
 
 
 def decode(wire16, dst, fmt):
@@ -80,10 +82,10 @@ def decode(wire16, dst, fmt):
         dst[...] = wide.view(np.float32)
 
 
-def round_to_wire(region, fmt, staging=None):
+def round_to_wire(region, fmt, staging=None, work=None):
     """Round ``region`` in place to the values format ``fmt`` can carry."""
     wire = np.empty(region.size, np.uint16) if staging is None else staging[:region.size]
-    encode(region, wire, fmt)
+    encode(region, wire, fmt, work)
     decode(wire, region, fmt)
 
 
@@ -132,6 +134,7 @@ class CompressedComm(Communicator):
         self.rank, self.size = inner.rank, inner.size
         self.signed = inner.signed
         self._staging = np.empty(0, np.uint16)
+        self._work32 = np.empty(0, np.uint32)
 
     def __repr__(self):
         return f"CompressedComm({self.inner!r}, {self.fmt}, peers={sorted(self.peers)})"
@@ -161,6 +164,16 @@ class CompressedComm(Communicator):
             self._staging = np.empty(total, np.uint16)
         return self._staging
 
+    def _work(self, count):
+        """uint32 scratch for bf16 encoding, kept across calls."""
+        if self._work32.size < count:
+            self._work32 = np.empty(count, np.uint32)
+        return self._work32
+
+    def round(self, region):
+        """Round ``region`` in place to the wire's values (scratch kept across calls)."""
+        round_to_wire(region, self.fmt, self._stage(region.size), self._work(region.size))
+
     def exchange(self, sends, recvs, tag, what):
         peers, fmt = self.peers, self.fmt
         packed_sends = [i for i, (peer, buf, _) in enumerate(sends) if peer in peers and buf.dtype in _FLOATS]
@@ -173,11 +186,12 @@ class CompressedComm(Communicator):
         sends = list(sends)
         # round every compressed region first: an exact send of the same region in this step
         # then carries the rounded values too
+        work = self._work(max(sends[i][1].size for i in packed_sends)) if packed_sends and fmt == "bf16" else None
         for i in packed_sends:
             peer, buf, chan = sends[i]
             wire = staging[at:at + buf.size]
             at += buf.size
-            encode(buf, wire, fmt)
+            encode(buf, wire, fmt, work)
             decode(wire, buf, fmt)
             sends[i] = (peer, wire, chan)
         recvs = list(recvs)

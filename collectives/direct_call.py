@@ -201,11 +201,11 @@ def allreduce(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope
         flat_residual = residual.reshape(-1)
         out += flat_residual  # the input plus what earlier calls dropped ...
         flat_residual[...] = out
-        _compression.round_to_wire(out, fmt, wrapper._stage(out.size))
+        wrapper.round(out)
         flat_residual -= out  # ... and what this call's rounding drops
     _execute(plan, wrapper, out, reduce_fn, final_fn, what, sig)
     if rounding:  # ranks may hold x or round(x) of a value some rank rounded as it sent it: all take round(x)
-        _compression.round_to_wire(out, fmt, wrapper._stage(out.size))
+        wrapper.round(out)
     if copy_back is not None:
         backend.copyto(copy_back, out.reshape(copy_back.shape))
     return result

@@ -209,3 +209,47 @@ def test_cost_model_and_simulator_see_the_halved_bytes():
     assert half.verified and half.time < 0.6 * full.time, (half.time, full.time)
     assert compression.simulate("ring", 4, 1 << 20, compression_scope="all").time < \
         collectives.simulate("ring", 4, 1 << 20).time
+
+
+def test_ranks_that_disagree_on_compression_get_a_mismatch_error(monkeypatch):
+    from collectives.errors import CollectiveError, MismatchError
+
+    def body(comm, check):
+        _hosts(comm, (0, 1))
+        fmt = "bf16" if comm.rank == 0 else None
+        try:
+            collectives.allreduce(np.ones(64, np.float32), comm=comm, algorithm="ring", compression=fmt)
+        except CollectiveError as exc:
+            return exc
+        return None
+
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "20")
+    monkeypatch.setenv("COLLECTIVES_CHECK", "1")  # agreed before any data: names the field on every rank
+    for exc in collectives.run_threaded(2, body, True):
+        assert isinstance(exc, MismatchError) and "options" in str(exc), exc
+    monkeypatch.delenv("COLLECTIVES_CHECK")
+    seen = []  # without the check: the calls' tags differ, the waiting rank finds the other call's message
+    with pytest.raises(CollectiveError):
+        collectives.run_threaded(2, lambda comm: seen.append(body(comm, False)))
+    assert any(isinstance(e, MismatchError) and "another call" in str(e) for e in seen), seen
+
+
+def test_auto_picks_with_the_wire_bytes(monkeypatch):
+    from collectives import direct_call, select
+
+    class Fake:
+        size, rank = 4, 0
+        mpi_comm = None
+
+        def node_colors(self):
+            return (0, 0, 1, 1)
+
+    hosts = ((0, 1), (2, 3))
+    name = direct_call._choose(Fake(), 16 << 20, np.dtype(np.float32), "bf16", "across_hosts", "auto")
+    candidates = [a for a in collectives.algorithms() if a != "shm"]
+    _, exact_costs = select.two_level_choice(hosts, 16 << 20, candidates=candidates)
+    _, wire_costs = select.two_level_choice(hosts, 16 << 20, beta_inter=select.BETA_INTER / 2, candidates=candidates)
+    assert name == min(wire_costs, key=wire_costs.get) and name != "shm"
+    assert wire_costs[name] < exact_costs[name]
+    monkeypatch.setenv("COLLECTIVES_ALGO", "ring")
+    assert direct_call._choose(Fake(), 16 << 20, np.dtype(np.float32), "bf16", "across_hosts", "auto") == "ring"
