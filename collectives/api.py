@@ -210,7 +210,8 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
             or _compression_env("COLLECTIVES_COMPRESSION"):
         from .direct_call import allreduce as _direct
 
-        return _direct(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual)
+        return _direct(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual,
+                       caller_thread=True)
     # the shortest path: the same buffers as the previous call, which ran as a program
     last = _last
     if sendbuf is last[0] and recvbuf is last[1] and comm is last[2] and algorithm == last[3] \

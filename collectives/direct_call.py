@@ -161,21 +161,24 @@ def check_residual(residual, sendbuf, recvbuf):
         raise ValueError("residual must not share memory with sendbuf or recvbuf")
 
 
-def allreduce(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope, residual):
-    """``collectives.allreduce`` with ``compression`` (or COLLECTIVES_COMPRESSION) and ``residual``."""
+def allreduce(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope, residual, caller_thread=False):
+    """``collectives.allreduce`` with ``compression`` (or COLLECTIVES_COMPRESSION) and ``residual``.
+    ``caller_thread``: called by ``collectives.allreduce`` itself, so a call that turns out not to be
+    compressed (integer data under COLLECTIVES_COMPRESSION) takes the API's own path, memos included."""
+    uncompressed = _api._allreduce if caller_thread else plain
     options = _no_transport(options)
     sendbuf = _api._as_array(sendbuf, "sendbuf")
     explicit = compression is not None and compression != "none"
     fmt = compression if explicit else (None if compression == "none" else _compression.env_default())
     dtype = sendbuf.dtype
     if fmt is None and residual is None and scope == "across_hosts":
-        return plain(sendbuf, recvbuf, op, algorithm, comm, options)
+        return uncompressed(sendbuf, recvbuf, op, algorithm, comm, options)
     if not explicit:
         if fmt is None or residual is not None or scope != "across_hosts":
             raise ValueError(f"{'residual' if residual is not None else 'compression_scope'} needs compression= "
                              f"(bf16 or fp16)")
         if dtype not in (np.float32, np.float64):  # the environment's default covers float data only
-            return plain(sendbuf, recvbuf, op, algorithm, comm, options)
+            return uncompressed(sendbuf, recvbuf, op, algorithm, comm, options)
     backend = backend_for(sendbuf)
     if backend is not NUMPY:
         raise ValueError("compression= runs on host (NumPy) arrays")
