@@ -17,6 +17,8 @@ bucket, copies the results back into the arrays and readies the Bucketer for the
 floats) are reduced exactly. ``error_feedback=True`` (with ``compression=``) keeps one residual
 per compressed bucket across rounds.
 """
+import threading
+
 import numpy as np
 
 from .nonblocking import iallreduce
@@ -65,6 +67,7 @@ class Bucketer:
                 at += arrays[i].size
             self.buffers.append(np.empty(at, arrays[members[0]].dtype))
         self.residuals = [np.zeros_like(buf) for buf in self.buffers] if error_feedback else None
+        self._lock = threading.Lock()  # hooks may mark arrays from several threads
         self._reset()
 
     def __repr__(self):
@@ -80,6 +83,10 @@ class Bucketer:
         complete (and whose predecessors have started) starts its all-reduce."""
         if not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.arrays):
             raise ValueError(f"index must be an array index in 0..{len(self.arrays) - 1}, got {index!r}")
+        with self._lock:
+            self._mark(index)
+
+    def _mark(self, index):
         if self.ready[index]:
             raise ValueError(f"array {index} was already marked ready in this round (wait() starts the next)")
         self.ready[index] = True

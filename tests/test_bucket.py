@@ -115,3 +115,22 @@ def test_compression_leaves_integer_buckets_exact():
     for ints, floats in collectives.run_threaded(2, body):
         assert np.array_equal(ints, np.full(5, 2 * (2 ** 40 + 1)))
         assert np.array_equal(floats, np.full(5, 2.0, np.float32))
+
+
+def test_arrays_marked_from_several_threads_at_once():
+    import threading
+
+    def body(comm):
+        grads = [np.full(50 + i, float(comm.rank + i), np.float32) for i in range(40)]
+        buckets = collectives.Bucketer(grads, 600, comm=comm)
+        workers = [threading.Thread(target=lambda k=k: [buckets.mark_ready(i) for i in range(k, 40, 4)])
+                   for k in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return buckets.wait(timeout=60)
+
+    for grads in collectives.run_threaded(3, body):
+        for i, g in enumerate(grads):
+            assert np.array_equal(g, np.full(50 + i, float(3 * i + 3), np.float32))
