@@ -19,6 +19,9 @@ result computed alike on several ranks can be rounded by one of them as it sends
 ``round(x)``. Every rank therefore rounds its whole result once more at the end: rounding is
 idempotent and the plans only copy finished values, so all ranks end identical (tested for every
 algorithm, scope, format and world size 2-5), and the result is always a value of the wire format.
+A registered algorithm whose ranks go on reducing a value that some of them received rounded and
+others hold exact (rather than copying finished values) would not end identical: test it with
+compression as tests/test_compression.py tests the built-in ones.
 
 Error: each rounding has relative error at most u (bf16: 2^-8, fp16: 2^-11, round to nearest
 even); an element is rounded at most once per hop of its longest chain, which is under n + 2
