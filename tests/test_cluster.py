@@ -216,5 +216,6 @@ def test_network_fault_every_rank_ends_nonzero_within_the_bound(cut):
     assert "LOOP-DONE" not in out, out
     assert elapsed < timeout + 30 + 5, f"the job took {elapsed:.0f} s after the cut\n{out}"
     if cut == "link":
-        assert re.search(r"CollectiveTimeout: allreduce\(ring\) step \d+/\d+: no message from ranks? [23]", out), out
+        # the step is named where the call runs as a plan, not on a direct path (issue 18)
+        assert re.search(r"CollectiveTimeout: allreduce\(ring\)( step \d+/\d+)?: no message from ranks? [23]", out), out
     assert leftovers(run_id) == []
