@@ -109,7 +109,7 @@ class NumpyPath:
 
     def _make_runner(self, npacks, k, reduce_op, replicas, n_out):
         algorithm, options, mpi = self.algorithm, self.options, self._mpi
-        bucket_bytes = self.bucket_bytes
+        bucket_bytes = self.bucket_bytes or 1  # None: every pack a bucket of its own
         wire = {"compression": self.compression, "compression_scope": self.compression_scope} \
             if self.compression is not None and mpi is not None else {}
         average_processes = mpi is not None and self.across_processes == "average" and reduce_op == SUM

@@ -76,8 +76,10 @@ class CollectivesAllReduce(NumpyPath, tf.distribute.CrossDeviceOps):
       compression: ``"bf16"`` or ``"fp16"``: float32/float64 packs cross hosts as 16-bit values
         (``collectives.allreduce(compression=)``; reductions across processes only);
         ``compression_scope="all"`` compresses every message, not only those between hosts.
-      bucket_bytes: packs reduced across processes go through ``collectives.Bucketer`` with
-        buckets of this many bytes (25 MiB; a larger pack is a bucket alone, reduced in place).
+      bucket_bytes: packs reduced across processes go through ``collectives.Bucketer``, one
+        ``iallreduce`` per bucket; ``None`` (default): one bucket per pack, reduced in place (the
+        packs already batch small tensors, ``bytes_per_pack`` sets their size); a number merges
+        consecutive packs of one dtype into buckets of up to that many bytes (copied in and out).
       **options: the algorithm's own options (``collectives.algorithm_options(name)``).
 
     ``calls`` counts reductions executed (numpy_function runs), ``reduced_tensors`` the
@@ -85,14 +87,15 @@ class CollectivesAllReduce(NumpyPath, tf.distribute.CrossDeviceOps):
     """
 
     def __init__(self, algorithm="ring", *, comm=None, bytes_per_pack=None, across_processes="average",
-                 implementation="tf", compression=None, compression_scope="across_hosts", bucket_bytes=25 << 20,
+                 implementation="tf", compression=None, compression_scope="across_hosts", bucket_bytes=None,
                  **options):
         super().__init__()
         if compression not in (None,) + collectives.compression.FORMATS:
             raise ValueError(f"compression must be one of {', '.join(collectives.compression.FORMATS)} or None, "
                              f"got {compression!r}")
-        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+        if bucket_bytes is not None and (isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int)
+                                         or bucket_bytes < 1):
+            raise ValueError(f"bucket_bytes must be a positive integer or None, got {bucket_bytes!r}")
         if compression_scope not in collectives.compression.SCOPES:
             raise ValueError(f"compression_scope must be one of {', '.join(collectives.compression.SCOPES)}, "
                              f"got {compression_scope!r}")

@@ -19,7 +19,7 @@ def _bf16(x):
     return rounded.astype(np.uint32).view(np.float32)
 
 
-@pytest.mark.parametrize("bucket_bytes", [1, 25 << 20])
+@pytest.mark.parametrize("bucket_bytes", [None, 1, 25 << 20])
 def test_compressed_packs_are_rounded_alike_on_every_rank(comm, local_devices, bucket_bytes):
     rank, size = comm.Get_rank(), comm.Get_size()
     ops = tf_bridge.CollectivesAllReduce("ring", comm=comm, across_processes="sum", implementation="numpy",
@@ -53,3 +53,5 @@ def test_bad_compression_is_a_value_error(comm):
         tf_bridge.CollectivesAllReduce("ring", comm=comm, compression="bf16", compression_scope="rack")
     with pytest.raises(ValueError, match="bucket_bytes"):
         tf_bridge.CollectivesAllReduce("ring", comm=comm, bucket_bytes=0)
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        tf_bridge.CollectivesAllReduce("ring", comm=comm, bucket_bytes=2.5)
