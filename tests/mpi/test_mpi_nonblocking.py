@@ -107,3 +107,13 @@ def test_posting_order_mismatch_raises_at_wait_under_check(monkeypatch):
     finally:
         monkeypatch.delenv("COLLECTIVES_CHECK")
         comm.Free()
+
+
+def test_freeing_the_communicator_finishes_its_requests_first():
+    comm = WORLD.Dup()
+    requests = [collectives.iallreduce(np.full(5000, WORLD.rank + 1.0), comm=comm, algorithm="ring")
+                for _ in range(4)]
+    comm.Free()  # closes our wrapper: its progress thread finishes the requests, then its communicator goes
+    want = np.full(5000, WORLD.size * (WORLD.size + 1) / 2)
+    agree(all(r.test() for r in requests) and all(np.array_equal(r.wait(1), want) for r in requests),
+          [r for r in requests])
