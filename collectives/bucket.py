@@ -37,8 +37,8 @@ class Bucketer:
             raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
         for i, a in enumerate(arrays):
             if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or not a.flags.writeable:
-                raise ValueError(f"array {i} must be a writeable C-contiguous NumPy array, got "
-                                 f"{type(a).__name__}{'' if not isinstance(a, np.ndarray) else ' (strided or read-only)'}")
+                what = " (strided or read-only)" if isinstance(a, np.ndarray) else ""
+                raise ValueError(f"array {i} must be a writeable C-contiguous NumPy array, got {type(a).__name__}{what}")
         if "residual" in allreduce_options or "recvbuf" in allreduce_options:
             raise ValueError("Bucketer keeps its own buffers: pass neither residual= nor recvbuf= "
                              "(error_feedback=True keeps a residual per bucket)")
