@@ -16,9 +16,10 @@ prediction with the fitted values, and their ratio.
 Across hosts (ranks on several shared-memory nodes, e.g. ``python -m benchmarks.cluster``), a
 second ping-pong between rank 0 and the next host's first rank, 8 B .. 16 MiB, gives the
 inter-host line: beta the slope from 1 MiB on (a shaped link's burst would otherwise pass for
-rate), alpha what the small messages leave. With even hosts the predictions then use
-``Topology(ranks per host, intra line, inter line, shared_nic=True)``: every host's link
-carries its messages across hosts one at a time in each direction.
+rate), alpha what the smallest message leaves. Where every host holds consecutive ranks the
+predictions then use ``Topology(ranks per host, or each host's count, intra line, inter line,
+shared_nic=True)``: every host's link carries its messages across hosts one at a time in each
+direction.
 """
 import os
 import sys
@@ -171,13 +172,14 @@ def main(args=None):
     if len(hosts) > 1:  # across hosts: rank 0 with a rank of the next host gives the inter-host line,
         # its beta from 1 to 16 MiB (a shaped link passes its first burst faster than its rate)
         inter_alpha, inter_beta, _, inter = fit(comm, lib, peer=hosts[1][0], sizes=INTER_SIZES, line=_fit_link)
-        per_host = {len(h) for h in hosts}
-        if len(per_host) == 1:
-            two_level = sim.Topology(per_host.pop(), (alpha, beta), (inter_alpha, inter_beta), True)
+        counts = [len(h) for h in hosts]
+        if [r for h in hosts for r in h] == list(range(comm.size)):  # hosts of consecutive ranks
+            per_node = counts[0] if len(set(counts)) == 1 else tuple(counts)
+            two_level = sim.Topology(per_node, (alpha, beta), (inter_alpha, inter_beta), True)
         if comm.rank == 0:
             print(f"# {describe_topology(hosts)}: inter-host ping-pong fit alpha {inter_alpha * 1e6:.2f} us, beta "
                   f"{inter_beta * 1e9:.4f} ns/B ({1 / inter_beta / 1e6:.1f} MB/s)"
-                  + ("" if two_level else "; uneven hosts: predicted with the intra-host line only"))
+                  + ("" if two_level else "; hosts of interleaved ranks: predicted with the intra-host line only"))
         details["inter"] = {"alpha": inter_alpha, "beta": inter_beta, "pingpong": inter["pingpong_library"]}
     rows = []
     if comm.rank == 0:

@@ -233,3 +233,31 @@ def test_the_link_fit_sees_the_rate_past_a_burst():
     assert a == pytest.approx(alpha, rel=0.05)
     _, b_all = calibrate._fit_line(sizes, times)
     assert b_all < 0.9 * LINK  # a line through every size takes the burst for rate
+
+
+def test_uneven_hosts():
+    topo = sim.Topology((2, 1, 2), (2e-6, 1e-10), (50e-6, LINK), shared_nic=True)
+    assert [topo.node(r) for r in range(7)] == [0, 0, 1, 2, 2, 3, 3]  # past the list: nodes of the last count
+    assert topo.nodes(5).tolist() == [0, 0, 1, 2, 2]
+    n = 4 << 20
+    floor = 2 * (3 - 1) / 3 * n * LINK
+    for name in ("two_level", "hierarchical_copy", "ring"):
+        r = collectives.simulate(name, ranks=5, nbytes=n, topology=topo)
+        assert r.verified and r.time >= floor, (name, r.time, floor)
+    # the host of one rank carries everything it sends alone: two_level pays for it
+    even = sim.Topology(2, (2e-6, 1e-10), (50e-6, LINK), shared_nic=True)
+    assert collectives.simulate("two_level", ranks=5, nbytes=n, topology=topo, verify_data=False).time > \
+        collectives.simulate("two_level", ranks=6, nbytes=n, topology=even, verify_data=False).time
+    from collectives.simulate import timing  # the waves and the event loop agree on uneven hosts too
+    for name, options in (("two_level", {"chunks": 3}), ("ring", {}), ("hierarchical_copy", {}), ("tree", {})):
+        waves = collectives.simulate(name, ranks=5, nbytes=n, topology=topo, verify_data=False, **options).time
+        saved, timing.wave_times = timing.wave_times, lambda *a, **k: None
+        try:
+            loop = collectives.simulate(name, ranks=5, nbytes=n, topology=topo, verify_data=False, **options).time
+        finally:
+            timing.wave_times = saved
+        assert waves == pytest.approx(loop, rel=1e-9), name
+    parsed, ranks = sim.Topology.parse("nodes=2+1+2,intra=1e-6:1e-10,inter=1e-5:1e-9,nic=shared", 1, 1)
+    assert ranks == 5 and parsed.ranks_per_node == (2, 1, 2) and parsed.nodes(5).tolist() == [0, 0, 1, 2, 2]
+    with pytest.raises(ValueError, match="positive"):
+        sim.Topology((2, 0), (1, 1), (1, 1)).node(3)

@@ -60,8 +60,9 @@ def _check_groups(value):
 
 
 OPTIONS = {"inter": Option("ring", _check_inter, "the flat all-reduce across hosts: " + ", ".join(INTER)),
-           "chunks": Option(None, optional_positive_int("chunks"), "pieces of the pipeline (default: 2 from 4 MiB, "
-                            "else 1); ring inter, or recursive doubling and halving over 2^k hosts"),
+           "chunks": Option(None, optional_positive_int("chunks"), "pieces of the pipeline (default: 2 from 4 MiB "
+                            "on even hosts, else 1); ring inter, or recursive doubling and halving over "
+                            "2^k hosts"),
            "groups": Option(None, _check_groups, "the host of every rank (a sequence of ints); default: "
                                                  "the communicator's shared-memory nodes")}
 
@@ -103,7 +104,8 @@ def inter_steps(inter, hosts):
 def default_chunks(nbytes):
     """Chunks of the pipeline by default: PIPELINE_CHUNKS from PIPELINE_MIN_BYTES, else one. Measured
     on 2 emulated hosts x 2 ranks at 500 Mbit/s (benchmarks/RESULTS.md): at 1 MiB one chunk is
-    ahead, at 16 MiB two chunks took 1.06x the link floor against 1.15x for four."""
+    ahead, at 16 MiB two chunks took 1.06x the link floor against 1.15x for four. Even hosts only:
+    on uneven ones (2, 1, 2) the simulator has two chunks 1.24x slower than one at 4 MiB."""
     return PIPELINE_CHUNKS if nbytes >= PIPELINE_MIN_BYTES else 1
 
 
@@ -119,8 +121,8 @@ def build(rank, size, count, itemsize=1, groups=None, inter="ring", chunks=None)
         _phases.ring_allgather(b, mine, bounds)
         return b.build()
     blocks = min(len(h) for h in hosts)
-    if chunks is None:
-        chunks = default_chunks(count * itemsize)
+    if chunks is None:  # measured on even hosts; on uneven ones the model has it slower (RESULTS.md)
+        chunks = default_chunks(count * itemsize) if len({len(h) for h in hosts}) == 1 else 1
     chunks = max(1, min(chunks, count // max(1, blocks))) if pipelined(inter, len(hosts)) else 1
     edges = block_bounds(count, chunks).tolist()
     tracks = b.tracks(chunks) if chunks > 1 else [b]
@@ -190,7 +192,8 @@ def cost(p, nbytes, alpha, beta, gamma, groups=None, inter="ring", alpha_inter=N
     k = min(len(h) for h in hosts)
     kmax = max(len(h) for h in hosts)
     h = len(hosts)
-    c = (default_chunks(nbytes) if chunks is None else chunks) if pipelined(inter, h) else 1
+    default = default_chunks(nbytes) if k == kmax else 1
+    c = (default if chunks is None else chunks) if pipelined(inter, h) else 1
     intra = 2 * (kmax - 1) * alpha + 2 * (kmax - 1) / kmax * nbytes / c * beta
     share = nbytes / k
     steps = {"ring": 2 * (h - 1), "recursive_doubling": max(1, (h - 1).bit_length()),

@@ -35,16 +35,16 @@ class _Ports:
 
     JACOBI_ROUNDS = 24  # longer queues in one wave are served one message at a time
 
-    def __init__(self, f, dur, nic_inter, kpn, check):
+    def __init__(self, f, dur, nic_inter, node, check):
         self.f, self.dur, self.p, self.check = f, dur, f.p, check
-        nodes = (f.p + kpn - 1) // kpn
+        nodes = int(node.max()) + 1 if node is not None and len(node) else 1
         nports = 2 * f.p + (2 * nodes if nic_inter is not None else 0)
         self.nports = nports
         self.free = np.zeros(nports)
         self.last_post = np.full(nports, -np.inf)  # the (post, index) of each port's last message
         self.last_id = np.full(nports, -1, np.int64)
         self.nic = nic_inter
-        self.kpn, self.nodes = kpn, nodes
+        self.node, self.nodes = node, nodes
         self.start = np.zeros(len(dur))
         self.end = np.zeros(len(dur))
         self.issued = np.zeros(len(dur), bool)
@@ -66,7 +66,7 @@ class _Ports:
             ports += [f.s_rank[sel], p + f.s_peer[sel]]
             owners += [pos[local], pos[local]]
         sel = ids[inter]
-        ports += [2 * p + f.s_rank[sel] // self.kpn, 2 * p + self.nodes + f.s_peer[sel] // self.kpn]
+        ports += [2 * p + self.node[f.s_rank[sel]], 2 * p + self.nodes + self.node[f.s_peer[sel]]]
         owners += [pos[inter], pos[inter]]
         return ports, owners, bool(local.any())
 
@@ -269,15 +269,16 @@ def _run(f, dur, wt, ports, window):
     return finish, link_cause, link_time, post
 
 
-def wave_times(f, dur, wt, nic_inter=None, kpn=1, record=False, itemsize=1):
-    """(finish per rank, links, messages) as ``timing.time_plans`` returns them, or None."""
+def wave_times(f, dur, wt, nic_inter=None, node=None, record=False, itemsize=1):
+    """(finish per rank, links, messages) as ``timing.time_plans`` returns them, or None.
+    ``node``: the node of every rank (for ``nic_inter``, the messages between nodes)."""
     if dur.size and not (dur > 0).all():
         return None  # zero durations tie post times the event loop orders differently
     if f.s_match.size and (f.s_match < 0).any():
         return None
     nic = nic_inter if nic_inter is not None and nic_inter.any() else None
     for window in (False, True):  # waves of whole steps first (rings, gathers), windowed if out of order
-        ports = _Ports(f, dur, nic, kpn, check=not window)
+        ports = _Ports(f, dur, nic, node, check=not window)
         run = _run(f, dur, wt, ports, window)
         if run is not None:
             break

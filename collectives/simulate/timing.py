@@ -41,13 +41,13 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
         dur_arr = alpha + nbytes_arr * beta
         nic_arr = None
     else:
-        k = topology.ranks_per_node
-        same = (f.s_rank // k) == (f.s_peer // k)
+        node = topology.nodes(p)
+        same = node[f.s_rank] == node[f.s_peer]
         dur_arr = np.where(same, topology.intra[0] + nbytes_arr * topology.intra[1],
                            topology.inter[0] + nbytes_arr * topology.inter[1])
         nic_arr = (~same).tolist() if topology.shared_nic else None
     wave = wave_times(f, dur_arr, f.work * itemsize * gamma, None if topology is None or not topology.shared_nic
-                      else ~same, topology.ranks_per_node if topology else 1, record, itemsize)
+                      else ~same, node if topology else None, record, itemsize)
     if wave is not None:  # every port served its messages in (post, index) order: the event loop's answer
         return wave
     dur = dur_arr.tolist()
@@ -64,8 +64,8 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
         s_lstep = (f.s_step - f.start[f.s_rank]).tolist()
         s_nbytes = nbytes_arr.tolist()
     if nic_arr is not None:
-        kpn = topology.ranks_per_node
-        nnodes = (p + kpn - 1) // kpn
+        node_of = node.tolist()
+        nnodes = int(node.max()) + 1 if p else 0
         nic_s, nic_r = [0.0] * nnodes, [0.0] * nnodes
 
     cur = list(first)
@@ -135,7 +135,7 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
             src = s_src[i]
             dst = s_dst[i]
             if nic_arr is not None and nic_arr[i]:  # across nodes: the two nodes' links, not the ranks' ports
-                ns_, nd_ = src // kpn, dst // kpn
+                ns_, nd_ = node_of[src], node_of[dst]
                 start = max(ready, nic_s[ns_], nic_r[nd_])
                 end = start + dur[i]
                 nic_s[ns_] = end

@@ -1,24 +1,48 @@
 """Hosts for the simulator: which node each rank is on, and the (alpha, beta) of messages inside
 a node and between nodes."""
+import bisect
 from dataclasses import dataclass
+from itertools import accumulate
+
+import numpy as np
 
 
 @dataclass
 class Topology:
-    """Nodes of ``ranks_per_node`` ranks; (alpha, beta) inside a node and between nodes. With
-    ``shared_nic``, a message between nodes holds the two nodes' links (one per direction, shared
-    by the node's ranks) instead of its ranks' ports; without, it holds the ranks' ports only."""
-    ranks_per_node: int
+    """Nodes of ``ranks_per_node`` ranks each, or, given a sequence (2, 1, 2), nodes of those
+    counts of consecutive ranks (uneven hosts; ranks past them are on further nodes of the last
+    count); (alpha, beta) inside a node and between nodes. With ``shared_nic``, a message between
+    nodes holds the two nodes' links (one per direction, shared by the node's ranks) instead of
+    its ranks' ports; without, it holds the ranks' ports only."""
+    ranks_per_node: object
     intra: tuple
     inter: tuple
     shared_nic: bool = False
 
+    def _ends(self):
+        counts = tuple(int(k) for k in self.ranks_per_node)
+        if not counts or min(counts) < 1:
+            raise ValueError(f"ranks per node must be positive, got {self.ranks_per_node!r}")
+        return list(accumulate(counts)), counts[-1]
+
     def node(self, rank):
-        return rank // self.ranks_per_node
+        if isinstance(self.ranks_per_node, (int, np.integer)):
+            return rank // self.ranks_per_node
+        ends, last = self._ends()
+        if rank < ends[-1]:
+            return bisect.bisect_right(ends, rank)
+        return len(ends) + (rank - ends[-1]) // last
+
+    def nodes(self, ranks):
+        """The node of every rank of ``ranks``, as an array."""
+        if isinstance(self.ranks_per_node, (int, np.integer)):
+            return np.arange(ranks) // self.ranks_per_node
+        return np.array([self.node(r) for r in range(ranks)], np.int64)
 
     @classmethod
     def parse(cls, text, alpha, beta):
-        """``nodes=128x8,intra=A:B,inter=A:B,nic=shared`` (nodes = count x ranks per node)."""
+        """``nodes=128x8,intra=A:B,inter=A:B,nic=shared`` (nodes = count x ranks per node, or the
+        ranks of each node: ``nodes=2+1+2``)."""
         fields = dict(part.split("=", 1) for part in text.split(",") if part)
         unknown = set(fields) - {"nodes", "intra", "inter", "nic"}
         if unknown:
@@ -26,10 +50,15 @@ class Topology:
                              f"valid: nodes, intra, inter, nic")
         if "nodes" not in fields:
             raise ValueError("topology needs nodes=COUNTxRANKS_PER_NODE")
-        count, per_node = (int(x) for x in fields["nodes"].lower().split("x"))
+        if "+" in fields["nodes"]:
+            per_node = tuple(int(x) for x in fields["nodes"].split("+"))
+            count, total = len(per_node), sum(per_node)
+        else:
+            count, per_node = (int(x) for x in fields["nodes"].lower().split("x"))
+            total = count * per_node
         pair = lambda s: tuple(float(x) for x in s.split(":"))  # noqa: E731
         intra = pair(fields["intra"]) if "intra" in fields else (alpha, beta)
         inter = pair(fields["inter"]) if "inter" in fields else (alpha, beta)
         if fields.get("nic", "").lower() not in ("", "shared", "private"):
             raise ValueError("nic must be 'shared' or 'private'")
-        return cls(per_node, intra, inter, fields.get("nic", "").lower() == "shared"), count * per_node
+        return cls(per_node, intra, inter, fields.get("nic", "").lower() == "shared"), total
