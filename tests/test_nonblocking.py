@@ -198,3 +198,18 @@ def test_exit_with_a_request_no_peer_will_match_ends_after_the_timeout():
     assert proc.returncode == 0, proc.stderr
     assert "results: [True]" in proc.stdout, proc.stdout  # finished: with its timeout error
     assert 1.5 < seconds < 40
+
+
+def test_requests_progress_while_the_caller_does_something_else():
+    """No wait, no test: the progress thread finishes the requests while every rank sleeps."""
+    def body(comm):
+        collectives.iallreduce(np.ones(1), comm=comm).wait()  # the first post is collective
+        requests = [collectives.iallreduce(np.ones(100000) * comm.rank, comm=comm, algorithm="ring")
+                    for _ in range(3)]
+        deadline = time.monotonic() + 30
+        while not all(r._done.is_set() for r in requests) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the caller never calls into the library here
+        return [r.test() for r in requests], requests[-1].result()
+
+    for done, result in collectives.run_threaded(3, body):
+        assert done == [True] * 3 and np.array_equal(result, np.full(100000, 3.0))

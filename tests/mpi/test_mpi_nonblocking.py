@@ -117,3 +117,16 @@ def test_freeing_the_communicator_finishes_its_requests_first():
     want = np.full(5000, WORLD.size * (WORLD.size + 1) / 2)
     agree(all(r.test() for r in requests) and all(np.array_equal(r.wait(1), want) for r in requests),
           [r for r in requests])
+
+
+def test_requests_progress_while_the_caller_sleeps():
+    import time
+
+    collectives.iallreduce(np.ones(1)).wait()
+    requests = [collectives.iallreduce(np.full(200000, WORLD.rank + 1.0), algorithm="ring") for _ in range(3)]
+    deadline = time.monotonic() + 60
+    while not all(r._done.is_set() for r in requests) and time.monotonic() < deadline:
+        time.sleep(0.05)  # no MPI call and no library call on this thread
+    done = all(r._done.is_set() for r in requests)
+    agree(done and np.array_equal(requests[-1].wait(), np.full(200000, WORLD.size * (WORLD.size + 1) / 2)),
+          "requests did not finish while the caller slept")
