@@ -174,10 +174,10 @@ def allreduce(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope
     if fmt is None and residual is None and scope == "across_hosts":
         return uncompressed(sendbuf, recvbuf, op, algorithm, comm, options)
     if not explicit:
-        if fmt is None or residual is not None or scope != "across_hosts":
+        if fmt is None:
             raise ValueError(f"{'residual' if residual is not None else 'compression_scope'} needs compression= "
-                             f"(bf16 or fp16)")
-        if dtype not in (np.float32, np.float64):  # the environment's default covers float data only
+                             f"(bf16 or fp16) or COLLECTIVES_COMPRESSION")
+        if dtype not in (np.float32, np.float64) and residual is None:  # the default covers float data only
             return uncompressed(sendbuf, recvbuf, op, algorithm, comm, options)
     backend = backend_for(sendbuf)
     if backend is not NUMPY:

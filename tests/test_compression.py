@@ -277,3 +277,17 @@ def test_auto_picks_with_the_wire_bytes(monkeypatch):
     assert wire_costs[name] < exact_costs[name]
     monkeypatch.setenv("COLLECTIVES_ALGO", "ring")
     assert direct_call._choose(Fake(), 16 << 20, np.dtype(np.float32), "bf16", "across_hosts", "auto") == "ring"
+
+
+def test_environment_default_takes_scope_and_residual(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_COMPRESSION", "bf16")
+    x = np.full(8, 1 + 2.0 ** -12, np.float32)
+
+    def body(comm):
+        residual = np.zeros(8, np.float32)
+        out = collectives.allreduce(x, comm=comm, algorithm="ring", compression_scope="all", residual=residual)
+        return out, residual
+
+    for out, residual in collectives.run_threaded(2, body):  # one host: "all" still compresses
+        assert np.array_equal(out, np.full(8, 2.0, np.float32))
+        assert np.array_equal(residual, np.full(8, 2.0 ** -12, np.float32))
