@@ -173,9 +173,10 @@ def _validate(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope
                          f"{getattr(recvbuf, 'dtype', None)}, expected shape {sendbuf.shape} dtype {sendbuf.dtype}")
     if compression not in (None, "none"):
         _compression.check(compression, scope, sendbuf.dtype)
-    elif residual is not None or scope != "across_hosts":
+    elif (residual is not None or scope != "across_hosts") and (compression == "none"
+                                                                 or _compression.env_default() is None):
         raise ValueError(f"{'residual' if residual is not None else 'compression_scope'} needs compression= "
-                         f"(bf16 or fp16)")
+                         f"(bf16 or fp16) or COLLECTIVES_COMPRESSION")
     from .direct_call import check_residual
 
     check_residual(residual, sendbuf, recvbuf)
