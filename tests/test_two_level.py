@@ -125,7 +125,8 @@ def test_pipelined_results_are_exact_and_bitwise_identical():
 
 def test_default_chunks_and_cost_with_chunks():
     assert two_level.default_chunks(1 << 20) == 1
-    assert two_level.default_chunks(two_level.PIPELINE_MIN_BYTES) == two_level.PIPELINE_CHUNKS
+    assert two_level.default_chunks(two_level.PIPELINE_MIN_BYTES) == 2
+    assert two_level.default_chunks(64 << 20) == 8 and two_level.default_chunks(1 << 30) == two_level.MAX_CHUNKS
     groups = (0, 0, 1, 1)
     kw = dict(groups=groups, alpha_inter=30e-6, beta_inter=1 / 62.5e6)
     # large: the intra-host part overlaps the link; small: each chunk adds latency

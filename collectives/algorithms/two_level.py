@@ -37,8 +37,9 @@ from ._options import Option, optional_positive_int
 
 NAME = "two_level"
 INTER = ("ring", "recursive_doubling", "rabenseifner", "double_binary_tree")
-PIPELINE_MIN_BYTES = 4 << 20  # default: messages from 4 MiB run in PIPELINE_CHUNKS chunks
-PIPELINE_CHUNKS = 2
+PIPELINE_MIN_BYTES = 4 << 20  # default: messages from 4 MiB run pipelined,
+PIPELINE_CHUNK_BYTES = 8 << 20  # in chunks of about 8 MiB, 2 at least, MAX_CHUNKS at most
+MAX_CHUNKS = 16
 
 
 def _check_inter(value):
@@ -60,8 +61,8 @@ def _check_groups(value):
 
 
 OPTIONS = {"inter": Option("ring", _check_inter, "the flat all-reduce across hosts: " + ", ".join(INTER)),
-           "chunks": Option(None, optional_positive_int("chunks"), "pieces of the pipeline (default: 2 from 4 MiB "
-                            "on even hosts, else 1); ring inter, or recursive doubling and halving over "
+           "chunks": Option(None, optional_positive_int("chunks"), "pieces of the pipeline (default on even hosts: "
+                            "1 below 4 MiB, else one per 8 MiB, 2 to 16); ring inter, or recursive doubling and halving over "
                             "2^k hosts"),
            "groups": Option(None, _check_groups, "the host of every rank (a sequence of ints); default: "
                                                  "the communicator's shared-memory nodes")}
@@ -102,11 +103,15 @@ def inter_steps(inter, hosts):
 
 
 def default_chunks(nbytes):
-    """Chunks of the pipeline by default: PIPELINE_CHUNKS from PIPELINE_MIN_BYTES, else one. Measured
-    on 2 emulated hosts x 2 ranks at 500 Mbit/s (benchmarks/RESULTS.md): at 1 MiB one chunk is
-    ahead, at 16 MiB two chunks took 1.06x the link floor against 1.15x for four. Even hosts only:
-    on uneven ones (2, 1, 2) the simulator has two chunks 1.24x slower than one at 4 MiB."""
-    return PIPELINE_CHUNKS if nbytes >= PIPELINE_MIN_BYTES else 1
+    """Chunks of the pipeline by default: one below PIPELINE_MIN_BYTES, else one per
+    PIPELINE_CHUNK_BYTES (2 to MAX_CHUNKS). Measured on 2 emulated hosts x 2 ranks at 500 Mbit/s
+    (benchmarks/RESULTS.md): at 1-2 MiB one chunk is ahead; at 16 MiB two chunks took 1.06x the
+    link floor (four 1.15x, one 1.37x); at 64 MiB eight took 1.06x in two runs where two took
+    1.32-1.44x (messages across of 8 MiB and more run slow on these links). Even hosts only: on
+    uneven ones (2, 1, 2) the simulator has two chunks 1.24x slower than one at 4 MiB."""
+    if nbytes < PIPELINE_MIN_BYTES:
+        return 1
+    return max(2, min(MAX_CHUNKS, nbytes // PIPELINE_CHUNK_BYTES))
 
 
 def build(rank, size, count, itemsize=1, groups=None, inter="ring", chunks=None):
