@@ -63,12 +63,16 @@ def two_level_choice(hosts, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, alpha_i
         if name == "two_level":
             costs[name] = module.cost(size, nbytes, alpha, beta, gamma, groups=groups, alpha_inter=alpha_inter,
                                       beta_inter=beta_inter)
-        elif name == "hierarchical_copy":  # every host leads one part per host, each part's ring on its link
-            costs[name] = module.cost(size, nbytes, alpha, beta, gamma, group_size=sharing,
+        elif name == "hierarchical_copy":  # every host leads one part per host, each part's ring on its link;
+            # with more hosts than ranks on one, a rank of it leads several parts: it receives, reduces and
+            # sends back each of them
+            led = -(-len(hosts) // min(len(h) for h in hosts))
+            costs[name] = module.cost(size, nbytes, alpha, beta * led, gamma * led, group_size=sharing,
                                       alpha_inter=alpha_inter, beta_inter=beta_inter * len(hosts))
         else:
             costs[name] = module.cost(size, nbytes, alpha_inter, beta_inter * sharing, gamma)
-    return min(costs, key=costs.get), costs
+    least = min(costs.values())
+    return next(n for n, c in costs.items() if c <= least * (1 + 1e-9)), costs  # a tie (rounding too): the first
 
 
 def choose(comm, nbytes, dtype):
