@@ -93,7 +93,7 @@ def calibrate_table(shapes, lo=1 << 20):
     return "\n".join(out)
 
 
-def plot(shapes, path):
+def plot(shapes, path, rate_text="500M"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -113,7 +113,7 @@ def plot(shapes, path):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("time / link floor 2(H-1)/H N/R")
-        ax.set_title(f"{hosts} hosts x {per_host} ranks, 500 Mbit/s links")
+        ax.set_title(f"{hosts} hosts x {per_host} ranks, {rate_text.rstrip('bitBIT')}bit/s links")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -134,7 +134,7 @@ def main(argv=None):
     if args.calibrate:
         print(calibrate_table(args.calibrate))
     if args.plot and shapes:
-        plot(shapes, args.plot)
+        plot(shapes, args.plot, args.rate)
     return 0
 
 
