@@ -41,7 +41,15 @@ def parse_args(argv):
     p.add_argument("-d", "--datatype", default="float32", help=", ".join(str(d) for d in DTYPES))
     p.add_argument("-o", "--op", default="sum", help=", ".join(collectives.OPS))
     p.add_argument("-a", "--algorithms", default="all",
-                   help="comma list of algorithms, 'all', 'auto', 'native' (native is always measured)")
+                   help="comma list of algorithms, 'all', 'auto', 'native' (native is always measured); "
+                        "NAME@mpi or NAME@shm names the transport too")
+    p.add_argument("-t", "--transports", default="auto",
+                   help="comma list of transports for every algorithm row: auto (the library's choice, "
+                        "shown as NAME@transport), mpi, shm")
+    p.add_argument("--shared", action="store_true",
+                   help="our rows run on shared arrays (collectives.empty): peers read them in place")
+    p.add_argument("--floor", action="store_true",
+                   help="add the memory floors (zero-copy, one-copy) timed in the same run (always at n=2)")
     p.add_argument("-r", "--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--check-cost", action="store_true", help="add an 'auto+check' row (COLLECTIVES_CHECK=1)")
@@ -64,19 +72,26 @@ def parse_args(argv):
     return args
 
 
-def algorithm_list(spec):
+def algorithm_list(spec, transports="auto"):
     known = collectives.algorithms()
-    if spec == "all":
-        return ["auto"] + known
-    chosen = []
-    for name in spec.split(","):
+    chosen = ["auto"] + known if spec == "all" else []
+    for name in ([] if spec == "all" else spec.split(",")):
         name = name.strip()
         if name == "native":
             continue
-        if name != "auto" and name not in known:
-            raise SystemExit(f"unknown algorithm {name!r}; valid: all, auto, native, {', '.join(known)}")
+        base, _, transport = name.partition("@")
+        if base != "auto" and base not in known:
+            raise SystemExit(f"unknown algorithm {base!r}; valid: all, auto, native, {', '.join(known)}")
+        if transport and transport not in ("mpi", "shm"):
+            raise SystemExit(f"unknown transport {transport!r} in {name!r}; valid: mpi, shm")
         chosen.append(name)
-    return chosen
+    wanted = [t.strip() for t in transports.split(",")]
+    for t in wanted:
+        if t not in ("auto", "mpi", "shm"):
+            raise SystemExit(f"unknown transport {t!r}; valid: auto, mpi, shm")
+    if wanted == ["auto"]:
+        return chosen
+    return [name if "@" in name else f"{name}@{t}" if t != "auto" else name for name in chosen for t in wanted]
 
 
 def sizes(lo, hi, factor, itemsize):
@@ -139,13 +154,27 @@ def make_runner(name, comm, op, backend_arrays):
                 comm.Allreduce(MPI.IN_PLACE, recvbuf_msg, op=mpi_op)
         return oop, ip
     algorithm = "auto" if name in ("auto+check", "auto-unguarded") else name
+    algorithm, _, transport = algorithm.partition("@")
+    transport = transport or "auto"
 
     def oop():
-        collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm)
+        collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, transport=transport)
 
     def ip():
-        collectives.allreduce(recvbuf, recvbuf, op=op, algorithm=algorithm, comm=comm)
+        collectives.allreduce(recvbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, transport=transport)
     return oop, ip
+
+
+def row_label(name, ours, nbytes, dtype):
+    """The row's name with what ran: auto's choice, and the transport where the library chose it."""
+    from collectives.select import choose, choose_transport
+
+    base, _, transport = name.partition("@")
+    if base not in ("auto",) + tuple(collectives.algorithms()):
+        return name
+    algorithm = choose(ours, nbytes, dtype) if base == "auto" else base
+    transport = choose_transport(ours, algorithm, nbytes, transport or "auto")
+    return f"auto({algorithm}@{transport})" if base == "auto" else f"{algorithm}@{transport}"
 
 
 def time_batch(comm, fn, iters):
@@ -182,7 +211,7 @@ def fmt_row(cells, widths):
     return "".join(str(c).rjust(w) for c, w in zip(cells, widths))
 
 
-WIDTHS = [12, 11, 9, 7, 20, 11, 9, 9, 7, 8, 11, 9, 9, 7, 8]
+WIDTHS = [12, 11, 9, 7, 28, 11, 9, 9, 7, 8, 11, 9, 9, 7, 8]
 HEADER = ["size", "count", "type", "redop", "algorithm",
           "time(us)", "algbw", "busbw", "#wrong", "vs_nat",
           "time(us)", "algbw", "busbw", "#wrong", "vs_nat"]
@@ -193,7 +222,7 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     rank, n = comm.rank, comm.size
     dtype = next(d for d in DTYPES if str(d) == args.datatype)
-    names = algorithm_list(args.algorithms)
+    names = algorithm_list(args.algorithms, args.transports)
     if args.check_cost:
         names.append("auto+check")
     if args.guard_cost:
@@ -227,7 +256,7 @@ def main(argv=None):
         if dtype.name == "bfloat16":
             print("# native: MPI has no bfloat16, so MPI_Allreduce runs on the 16-bit words with a "
                   "user-defined op (a Python callback reducing them as bfloat16)")
-        print(f"#{'':>11}{'':>11}{'':>9}{'':>7}{'':>20}{'out-of-place':>44}{'in-place':>44}")
+        print(f"#{'':>11}{'':>11}{'':>9}{'':>7}{'':>28}{'out-of-place':>44}{'in-place':>44}")
         print(fmt_row(HEADER, WIDTHS))
         print(fmt_row(["(B)", "(elements)", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "", "(GB/s)", "(GB/s)", "", ""],
                       WIDTHS), flush=True)
@@ -244,10 +273,18 @@ def main(argv=None):
             expected = (expected / dtype.type(n)).astype(dtype)
         sendbuf = data.copy()
         recvbuf = np.empty_like(data)
+        if args.shared:  # shared arrays for our rows (native keeps ordinary ones: MPI copies anyway)
+            shared_send, shared_recv = collectives.empty(count, dtype, comm), collectives.empty(count, dtype, comm)
+            shared_send[...] = data
         if gpu is not None:
             sendbuf, recvbuf = gpu.make_buffers(data), gpu.make_buffers(np.empty_like(data))
         runners = {name: make_runner(name, unguarded if name == "auto-unguarded" else comm, args.op,
-                                     (sendbuf, recvbuf)) for name in rows}
+                                     (shared_send, shared_recv) if args.shared and name != "native"
+                                     else (sendbuf, recvbuf)) for name in rows}
+        if (args.floor or n == 2) and gpu is None and args.op == "sum":
+            from benchmarks.floors import floor_runners
+
+            runners.update(floor_runners(sendbuf, recvbuf, n, rank))
         if gpu is not None:
             nccl = gpu.nccl_allreduce_timer(comm, sendbuf, recvbuf, args.op)
             if nccl is not None:
@@ -259,15 +296,18 @@ def main(argv=None):
                 os.environ["COLLECTIVES_CHECK"] = "1"
             for _ in range(max(1, args.warmup_iters)):
                 oop()
-            result_oop = _host(recvbuf).copy()
-            recvbuf[...] = sendbuf
+            out = shared_recv if args.shared and name != "native" else recvbuf
+            result_oop = _host(out).copy()
+            out[...] = data if args.shared and name != "native" else sendbuf
             ip()
-            result_ip = _host(recvbuf).copy()
+            result_ip = _host(out).copy()
             if env_check is not None:
                 os.environ["COLLECTIVES_CHECK"] = env_check
             elif name == "auto+check":
                 del os.environ["COLLECTIVES_CHECK"]
-            if args.check:
+            if name.startswith("floor:"):
+                wrong[name] = ("-", "-")
+            elif args.check:
                 bad_oop = int(np.count_nonzero(result_oop != expected))
                 bad_ip = int(np.count_nonzero(result_ip != expected))
                 wrong[name] = (comm.allreduce(bad_oop), comm.allreduce(bad_ip))
@@ -287,11 +327,7 @@ def main(argv=None):
             algbw = [nbytes / x / 1e9 if x > 0 else 0.0 for x in t]
             busbw = [a * factor for a in algbw]
             ratio = [native_t[k] / t[k] if t[k] > 0 else 0.0 for k in (0, 1)]
-            chosen = ""
-            if name == "auto":
-                from collectives.select import choose
-                chosen = f"auto({choose(ours, nbytes, dtype)})"
-            label = chosen or name
+            label = row_label(name, ours, nbytes, dtype)
             records.append({"size": nbytes, "count": count, "type": str(dtype), "redop": args.op, "algorithm": name,
                             "label": label, "ranks": n, "calls_per_batch": per_round,
                             "oop": {"time_us": t[0] * 1e6, "algbw": algbw[0], "busbw": busbw[0],
@@ -300,12 +336,13 @@ def main(argv=None):
                                    "wrong": wrong[name][1], "vs_native": ratio[1]}})
             busbw_by_algo.setdefault(name, []).append(busbw[0])
             if rank == 0:
-                print(fmt_row([nbytes, count, str(dtype), args.op, label[:19],
+                print(fmt_row([nbytes, count, str(dtype), args.op, label[:27],
                                f"{t[0] * 1e6:.1f}", f"{algbw[0]:.3f}", f"{busbw[0]:.3f}", wrong[name][0],
                                f"{ratio[0]:.2f}",
                                f"{t[1] * 1e6:.1f}", f"{algbw[1]:.3f}", f"{busbw[1]:.3f}", wrong[name][1],
                                f"{ratio[1]:.2f}"], WIDTHS), flush=True)
-    total_wrong = sum(int(r["oop"]["wrong"]) + int(r["ip"]["wrong"]) for r in records if args.check)
+    total_wrong = sum(int(r["oop"]["wrong"]) + int(r["ip"]["wrong"]) for r in records
+                      if args.check and not r["algorithm"].startswith("floor:"))
     # the library's own memory: the executor's scratch (one buffer per dtype, shared by every
     # algorithm), cached small-message programs and the shm algorithm's window (this rank's segment)
     held = collectives.library_memory(ours)

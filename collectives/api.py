@@ -304,8 +304,10 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     shm = None
     if backend is NUMPY and _select_transport(comm, module, sendbuf.nbytes, transport) == "shm":
         shm = _shm_transport(comm, name, count, dtype.itemsize, params, module)
+    # a prepared program's tags differ from the plan's: none where another node's ranks may run
+    # this call over shared memory (a rank alone on its host meets them through MPI)
     program = _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what) \
-        if backend is NUMPY and shm is None else None
+        if backend is NUMPY and shm is None and not _shm_forced(module, transport) else None
     if not options and transport == "auto" and backend is NUMPY and not config.check_enabled() \
             and config.forced_algorithm() is None:
         shapes = comm.session.shapes
@@ -346,6 +348,11 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
         _run(plan, comm, backend, flat_in, result, reduce_fn, final_fn, what, shm, sig)
         backend.copyto(recvbuf, result.reshape(recvbuf.shape))
     return recvbuf
+
+
+def _shm_forced(module, requested):
+    """True when this call asks for the shared-memory transport whatever its size."""
+    return "shm" in (requested, config.transport(), getattr(module, "TRANSPORT", None))
 
 
 def _select_transport(comm, module, nbytes, requested):

@@ -120,7 +120,7 @@ def choose(comm, nbytes, dtype):
 SHM_MIN_BYTES = 64 << 10
 
 
-def choose_transport(comm, module, nbytes, requested="auto"):
+def choose_transport(comm, algorithm, nbytes, requested="auto"):
     """"shm" or "mpi": how the call's messages between ranks of one node travel. ``requested``
     (the call's ``transport=``, or COLLECTIVES_TRANSPORT) wins where it can apply; an algorithm
     may ask for one (``TRANSPORT``); else shared memory from SHM_MIN_BYTES. Shared memory needs
@@ -135,6 +135,7 @@ def choose_transport(comm, module, nbytes, requested="auto"):
         return "mpi"
     if requested == "shm":
         return "shm"
+    module = _algorithms.get(algorithm) if isinstance(algorithm, str) else algorithm
     wanted = getattr(module, "TRANSPORT", None)
     if wanted is not None:
         return wanted

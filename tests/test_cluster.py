@@ -86,7 +86,7 @@ def test_every_algorithm_and_block_across_hosts(hosts, ranks):
 
 
 def test_shaped_links_and_torn_down_after_a_normal_end():
-    proc = start(2, "1", ["-c", "import socket; print('HOST', socket.gethostname())"], rate="500M")
+    proc = start(2, "1", ["-c", "import os, socket; os.write(1, f'HOST {socket.gethostname()}\\n'.encode())"], rate="500M")
     run_id = f"{proc.pid:x}"
     code, out = finish(proc)
     assert code == 0 and out.count("HOST cl") == 2, out

@@ -60,8 +60,6 @@ def test_plans_and_algorithms_import_only_plans_algorithms_and_leaves(module):
     bad = [target for target, _ in imports(module, MODULES[module])
            if target.split(".")[0] in ("mpi4py", "cupy")
            or (target.startswith("collectives") and target not in allowed)]
-    if module == "collectives.algorithms.shm":  # the issue-18 transport axis moves it out of here
-        pytest.xfail("shm is still a transport posing as an algorithm (issue 18)")
     assert not bad, f"{module} imports {bad}"
 
 

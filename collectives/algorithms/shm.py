@@ -10,7 +10,7 @@ arrays made by ``collectives.empty``) and copying their finished blocks; elsewhe
 host, the threaded world) the same plan moves messages.
 
 Steps: 2.
-Bytes per rank: 2(n-1)/n N sent and received as messages. Over shared memory each rank writes
+Bytes sent per rank: 2(n-1)/n N sent and received as messages. Over shared memory each rank writes
 (n-1)/n N (staging its input's other blocks; nothing for a shared array) and N/n (its finished
 block, unless its output is a shared array), and reads (n-1)/n N twice (the peers' blocks of
 its own block, then their finished blocks).

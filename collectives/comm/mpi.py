@@ -47,6 +47,7 @@ class MPIComm(Communicator):
         self.rank = self.mpi_comm.Get_rank()
         self.size = self.mpi_comm.Get_size()
         self._node_colors = None
+        self._node = None  # the ranks of this node (Split_type), made with node_colors()
         self._statuses = {}  # reused Status lists, by request count
         tag_ub = self.mpi_comm.Get_attr(MPI.TAG_UB) or 32767
         # next_tag() bases fill [0, 8 m), program_tag() bases [8 m, 16 m): both under TAG_UB
@@ -69,6 +70,8 @@ class MPIComm(Communicator):
         for step in list(_live_steps):
             if step.mpi_comm is self.mpi_comm:
                 step.free()
+        if self._node is not None:
+            self._node.Free()
         self.mpi_comm.Free()  # mpi4py leaves the handle COMM_NULL
 
     def _tag_modulus(self):
@@ -270,7 +273,7 @@ class MPIComm(Communicator):
             # the node's lowest rank, from its group alone (no communication)
             members = MPI.Group.Translate_ranks(node.Get_group(), list(range(node.Get_size())),
                                                 self.mpi_comm.Get_group())
-            node.Free()
+            self._node = node  # kept for the shared-memory transport (node_comm), freed with this one
             # every rank's leader: a ring all-gather of bounded steps
             colors = np.zeros(self.size, dtype=np.int64)
             colors[self.rank] = min(members)
@@ -281,6 +284,12 @@ class MPIComm(Communicator):
                 self.exchange([(right, colors[send:send + 1], 0)], [(left, colors[recv:recv + 1], 0)], tag, what)
             self._node_colors = tuple(int(c) for c in colors)
         return self._node_colors
+
+
+    def node_comm(self):
+        """The mpi4py communicator of this rank's node (its ranks in this communicator's order)."""
+        self.node_colors()
+        return self._node
 
 
 class _Req:

@@ -36,18 +36,22 @@ import zlib
 import numpy as np
 
 from .. import config, mpilib
-from ..errors import CollectiveError, MismatchError
+from ..errors import MismatchError
 from ..plan import IN, OUT, TMP, REDUCE, COPY, FINAL
 from .base import foreign_message
 from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, _SPIN_BEFORE_YIELD, timeout_error
-from .shm_layout import ALIGN, DIRECT, STAGED, SendLayout, mapped_receives, staging_bound
+from . import cma as _cma
+from .shm_layout import CMA, STAGED, SendLayout, mapped_receives, receive_order, staging_bound
 
 MPI = mpilib.load()
 
-PROGRESS, DONE, SIGNATURE, FLAGS, IN_ARRAY, IN_OFFSET, OUT_ARRAY, OUT_OFFSET = range(8)
-HEADER = 128  # bytes per rank: 8 used slots and room, keeps staging 64-byte aligned
+PROGRESS, DONE, SIGNATURE, FLAGS, IN_ARRAY, IN_OFFSET, OUT_ARRAY, OUT_OFFSET, IN_ADDRESS, OUT_ADDRESS, PID, \
+    PROBE_ADDRESS, CMA_OK = range(13)
+CALL_FIELDS = 13  # then one slot per field of the call's signature (see _fields)
+FIELD_NAMES = ("call", "algorithm", "op", "dtype", "count", "options")
+HEADER = 256  # bytes per rank: 19 used slots and room, keeps staging 64-byte aligned
 FIRST_CAPACITY = 1 << 16  # staging bytes per rank of the first window
-_IN_SHARED, _OUT_SHARED, _IN_PLACE = 1, 2, 4
+_IN_SHARED, _OUT_SHARED, _IN_PLACE, _CMA = 1, 2, 4, 8
 _FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386")
 _KEYWORD_OUT = {np.maximum, np.minimum}
 
@@ -69,20 +73,31 @@ def for_comm(comm):
 
 
 class _SharedArray:
-    """One ``collectives.empty`` allocation: a shared window over the node, this rank's part."""
+    """One ``collectives.empty`` allocation: a shared window over the node. This rank's part is
+    held weakly (the caller's array keeps it alive); the peers' parts strongly, for reading."""
 
     def __init__(self, node, ident, nbytes):
         self.ident, self.nbytes = ident, nbytes
         self.win = MPI.Win.Allocate_shared(max(nbytes, 1), 1, comm=node)
+        self.me = node.Get_rank()
         self.parts = []
         for peer in range(node.Get_size()):
             memory, _ = self.win.Shared_query(peer)
             self.parts.append(np.frombuffer(memory, dtype=np.uint8, count=max(nbytes, 1)))
-        self.address = self.parts[node.Get_rank()].ctypes.data
+        mine, self.parts[self.me] = self.parts[self.me], None
+        self.address = mine.ctypes.data
+        self.mine = weakref.ref(mine)
+        self.handed_out = mine  # until allocate() hands it out
+
+    def alive(self):
+        return self.mine() is not None
 
     def free(self):
         self.parts = None
         self.win.Free()
+
+
+_kept = []  # shared arrays still in use when their communicator was released: MPI_Finalize frees them
 
 
 class ShmTransport:
@@ -95,17 +110,27 @@ class ShmTransport:
         colors = comm.node_colors()
         self.node_ranks = [r for r, c in enumerate(colors) if c == colors[comm.rank]]  # comm ranks here
         self.node_index = {r: i for i, r in enumerate(self.node_ranks)}
-        comm.barrier("making the shared-memory transport")  # Split_type blocks until every rank calls it
-        node = comm.mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-        self.node = MPIComm(node, _dup=False)  # bounded barriers among the node's ranks
+        # bounded barriers among the node's ranks (the communicator owns the node's MPI communicator)
+        self.node = MPIComm(comm.node_comm(), _dup=False)
         self.calls = 0
         self.readers = ()  # node peers that read this rank's memory in the last call
         self.arrays = {}  # ident -> _SharedArray
-        self._array_refs = {}  # ident -> weakrefs to the arrays handed out
         self.layouts = {}  # (plan id, item size, flags) -> (plan, SendLayout, mapped receives)
+        self.receives = {}  # plan id -> (plan, receive order, mapped receives)
         self.bounds = {}  # (plan id, item size) -> (plan, staging bytes the call needs on any node rank)
         self.window = None
+        self.pid = os.getpid()
+        self._probe = np.array([self.pid * 7919 + 12345], np.int64)  # what peers read to try CMA
         self._grow(FIRST_CAPACITY)
+        self.cma = self._try_cma()
+
+    def _try_cma(self):
+        """Whether every rank of the node can read every other's memory (cross-memory attach)."""
+        self.header[CMA_OK] = 1 if all(
+            _cma.usable(int(h[PID]), int(h[PROBE_ADDRESS]), int(h[PID]) * 7919 + 12345)
+            for i, h in enumerate(self.headers) if i != self.node_index[self.comm.rank]) else 0
+        self.node.barrier("trying cross-memory attach")
+        return all(int(h[CMA_OK]) == 1 for h in self.headers)
 
     # the window ------------------------------------------------------------------------------
     def _grow(self, capacity):
@@ -122,9 +147,11 @@ class ShmTransport:
             self.headers.append(segment[:HEADER].view(np.int64))
             self.staging.append(segment[HEADER:])
         self.header = self.headers[self.node_index[self.comm.rank]]
+        self.header[PID], self.header[PROBE_ADDRESS] = self.pid, self._probe.ctypes.data
+        self.header[CMA_OK] = 1 if getattr(self, "cma", False) else 0
         self.header[PROGRESS] = self.calls << 32
         self.header[DONE] = self.calls
-
+        self.node.barrier("starting the shared window")  # every header is written
     def _free_window(self):
         self.headers = self.staging = self.header = None
         self.window.Free()
@@ -134,22 +161,38 @@ class ShmTransport:
         return (HEADER + self.capacity) + sum(a.nbytes for a in self.arrays.values())
 
     def free(self):
+        """Free the window and the shared arrays that no rank uses any more (collective over
+        the node); arrays still in use on some rank stay mapped until MPI_Finalize."""
         if self.window is not None:
             self._free_window()
-        for array in self.arrays.values():
-            array.free()
+        _kept.extend(self._free_unused().values())
         self.arrays = {}
-        self.node.mpi_comm.Free()
+
+    def _free_unused(self):
+        """Free the shared arrays that no rank of the node uses any more (collective over the
+        node); returns the others."""
+        if not self.arrays:
+            return {}
+        idents = sorted(self.arrays)
+        alive = np.array([self.arrays[i].alive() for i in idents], dtype=np.int32)
+        anywhere = np.empty_like(alive)
+        self.node.mpi_comm.Allreduce(alive, anywhere, op=MPI.MAX)
+        for ident, used in zip(idents, anywhere):
+            if not used:
+                self.arrays.pop(ident).free()
+        return self.arrays
 
     # shared arrays -------------------------------------------------------------------------------
     def allocate(self, nbytes):
         """A uint8 array of ``nbytes`` in node-shared memory (collective over the node)."""
         self.node.barrier("allocating a shared array")
+        self._free_unused()  # the arrays every rank has dropped since the last allocation
         ident = len(self.arrays) + 1
         while ident in self.arrays:
             ident += 1
         shared = self.arrays[ident] = _SharedArray(self.node.mpi_comm, ident, nbytes)
-        return shared.parts[self.node_index[self.comm.rank]][:nbytes]
+        mine, shared.handed_out = shared.handed_out, None
+        return mine[:nbytes]
 
     def _locate(self, flat):
         """(array id, byte offset) of a contiguous buffer inside a shared array, else None."""
@@ -157,21 +200,39 @@ class ShmTransport:
             return None
         address = flat.ctypes.data
         for ident, shared in self.arrays.items():
-            if shared.address <= address and address + flat.nbytes <= shared.address + shared.nbytes:
+            if shared.address <= address and address + flat.nbytes <= shared.address + shared.nbytes \
+                    and shared.alive():
                 return ident, address - shared.address
         return None
 
     # one call ------------------------------------------------------------------------------------
-    def _layout(self, plan, itemsize, flags):
+    def _layout(self, plan, itemsize, flags, plans_of):
         key = (id(plan), itemsize, flags)
         found = self.layouts.get(key)
         if found is None or found[0] is not plan:
             if len(self.layouts) > 256:
                 self.layouts.clear()
             on_node = self.node_index.__contains__
+            sender = plan.rank
+
+            def receiver_maps(peer, chan, k):
+                order, mapped = self._receives(plans_of(peer))
+                matching = order.get((sender, chan), ())
+                return k < len(matching) and matching[k] in mapped
             found = self.layouts[key] = (plan, SendLayout(plan, itemsize, on_node, bool(flags & _IN_SHARED),
-                                                          bool(flags & _OUT_SHARED), bool(flags & _IN_PLACE)),
-                                         mapped_receives(plan, on_node))
+                                                          bool(flags & _OUT_SHARED), bool(flags & _IN_PLACE),
+                                                          bool(flags & _CMA), receiver_maps),
+                                         self._receives(plan)[1])
+        return found[1], found[2]
+
+    def _receives(self, plan):
+        """(receive order, mapped receives) of a plan, cached."""
+        found = self.receives.get(id(plan))
+        if found is None or found[0] is not plan:
+            if len(self.receives) > 256:
+                self.receives.clear()
+            on_node = self.node_index.__contains__
+            found = self.receives[id(plan)] = (plan, receive_order(plan, on_node), mapped_receives(plan, on_node))
         return found[1], found[2]
 
     def run(self, plan, plans_of, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, signature, tag):
@@ -182,14 +243,14 @@ class ShmTransport:
         itemsize = outbuf.itemsize
         dtype = outbuf.dtype
         in_place = inbuf is outbuf
-        flags = _IN_PLACE if in_place else 0
+        flags = (_IN_PLACE if in_place else 0) | (_CMA if self.cma else 0)
         in_at = self._locate(inbuf)
         out_at = in_at if in_place else self._locate(outbuf)
         if in_at is not None:
             flags |= _IN_SHARED
         if out_at is not None:
             flags |= _OUT_SHARED
-        layout, mapped = self._layout(plan, itemsize, flags)
+        layout, mapped = self._layout(plan, itemsize, flags, plans_of)
         call = self.calls + 1
         sig = zlib.crc32(signature.encode())
         limit = config.timeout()
@@ -199,15 +260,19 @@ class ShmTransport:
         need = self._bound(plan, plans_of, itemsize)
         need = need if need > self.capacity else 0
         header = self.header
+        header[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)] = _fields(signature)
         header[SIGNATURE], header[FLAGS] = sig, flags
         header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
         header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
+        header[IN_ADDRESS], header[OUT_ADDRESS] = inbuf.ctypes.data, outbuf.ctypes.data
         if need:
             self._agree_and_grow(need, sig, call, what)
             header = self.header
+            header[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)] = _fields(signature)
             header[SIGNATURE], header[FLAGS] = sig, flags
             header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
             header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
+            header[IN_ADDRESS], header[OUT_ADDRESS] = inbuf.ctypes.data, outbuf.ctypes.data
         base = call << 32
         header[PROGRESS] = base
         self.calls = call
@@ -242,7 +307,9 @@ class ShmTransport:
                 self._wait_steps(pending, sources, plans_of, itemsize, call, sig, what, limit, tag, requests)
                 for r, (peer, b, lo, hi, chan) in pending:
                     source = self._source(sources, peer, chan, dtype)
-                    if (index, r) in mapped:
+                    if source.__class__ is tuple:  # cross-memory attach: one copy out of the peer
+                        _cma.read(source[0], source[1], bufs[b][lo:hi])
+                    elif (index, r) in mapped:
                         if views is None:
                             views = []
                         views.append((lo, hi, source))
@@ -297,6 +364,8 @@ class ShmTransport:
         if mode == STAGED:
             n = (hi - lo) * dtype.itemsize
             return self.staging[index][offset:offset + n].view(dtype)
+        if mode == CMA:  # (pid, address): read by the caller
+            return at["pid"], at["address"][b] + lo * dtype.itemsize
         ident, start = at[b]
         part = self.arrays[ident].parts[index]
         return part[start + lo * dtype.itemsize:start + hi * dtype.itemsize].view(dtype)
@@ -327,8 +396,9 @@ class ShmTransport:
         self._wait({peer: call << 32}, call, sig, what, limit, tag, ())
         h = self.headers[self.node_index[peer]]
         flags = int(h[FLAGS])
-        layout, _ = self._layout(plans_of(peer), itemsize, flags)
-        at = {IN: (int(h[IN_ARRAY]), int(h[IN_OFFSET])), OUT: (int(h[OUT_ARRAY]), int(h[OUT_OFFSET]))}
+        layout, _ = self._layout(plans_of(peer), itemsize, flags, plans_of)
+        at = {IN: (int(h[IN_ARRAY]), int(h[IN_OFFSET])), OUT: (int(h[OUT_ARRAY]), int(h[OUT_OFFSET])),
+              "pid": int(h[PID]), "address": {IN: int(h[IN_ADDRESS]), OUT: int(h[OUT_ADDRESS])}}
         return [0, layout.to.get((me, chan), []), at]
 
     def _wait(self, needs, call, sig, what, limit, tag, requests):
@@ -346,7 +416,7 @@ class ShmTransport:
             for peer, need, h in waiting:
                 progress = int(h[PROGRESS])
                 if progress >> 32 == call and h[SIGNATURE] != sig:
-                    raise MismatchError(foreign_message(what, peer))
+                    raise self._mismatch(what, [peer])
                 if progress < need:
                     left.append((peer, need, h))
             if not left:
@@ -388,17 +458,54 @@ class ShmTransport:
             if now - start > _SPIN_BEFORE_YIELD:
                 os.sched_yield()
 
+    def _mismatch(self, what, ranks):
+        """The MismatchError naming the first field of the call on which this rank and ``ranks``
+        (whose headers show this call) disagree, with each rank's value where it can be shown."""
+        me = self.comm.rank
+        ranks = sorted(set(ranks) | {me})
+        rows = {r: [int(v) for v in self.headers[self.node_index[r]][CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)]]
+                for r in ranks}
+        for slot, field in enumerate(FIELD_NAMES):
+            values = {r: row[slot] for r, row in rows.items()}
+            if len(set(values.values())) > 1:
+                groups = {}
+                for r, v in values.items():
+                    groups.setdefault(v, []).append(r)
+                detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: "
+                                   f"{_show(field, v)}" for v, rs in groups.items())
+                return MismatchError(f"{what}: ranks disagree on {field} ({detail})")
+        return MismatchError(foreign_message(what, ranks[0] if ranks[0] != me else ranks[-1]))
+
     def _agree_and_grow(self, need, sig, call, what):
         """Grow the staging of every node rank to ``need`` bytes, once all agree on the call."""
         self.node.barrier(f"{what}: growing the shared window")
-        sigs = {int(h[SIGNATURE]) for h in self.headers}
-        if len(sigs) > 1:
-            differ = [r for r, h in zip(self.node_ranks, self.headers) if int(h[SIGNATURE]) != sig]
-            error = MismatchError(f"{what}: ranks {', '.join(map(str, differ))} make another call "
-                                  f"(ranks disagree on the call, count, dtype, op or algorithm; "
-                                  f"COLLECTIVES_CHECK=1 names the field)")
-            raise error
+        if len({int(h[SIGNATURE]) for h in self.headers}) > 1:
+            raise self._mismatch(what, self.node_ranks)
         self._grow(max(need, 2 * self.capacity))
+
+
+def _fields(signature):
+    """The header's slots for a call's signature ``kind|algorithm|op|dtype|count|options``:
+    the count as it is, the dtype's type character, the rest as checksums."""
+    parts = (signature or "").split("|", len(FIELD_NAMES) - 1)
+    parts += [""] * (len(FIELD_NAMES) - len(parts))
+    slots = [zlib.crc32(part.encode()) for part in parts]
+    count = FIELD_NAMES.index("count")
+    slots[count] = int(parts[count]) if parts[count].isdigit() else -1
+    dtype = FIELD_NAMES.index("dtype")
+    try:
+        slots[dtype] = ord(np.dtype(parts[dtype]).char)
+    except TypeError:
+        pass
+    return slots
+
+
+def _show(field, value):
+    if field == "count":
+        return str(value)
+    if field == "dtype" and 0 < value < 128:
+        return np.dtype(chr(value)).name
+    return f"#{value:08x}"
 
 
 def _operand(bufs, views, buf, lo, n):

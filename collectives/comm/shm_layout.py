@@ -9,7 +9,10 @@ where to look with no descriptor exchanged at run time:
   own 64-byte aligned offset (offsets in plan order, never reused within a call);
 - a *direct* send is read by the receiver straight from the sender's buffer, when that buffer
   is a shared array (``collectives.empty``) and the plan never writes the sent region again in
-  this call (from the send's own step on): IN of an out-of-place call always qualifies.
+  this call (from the send's own step on): IN of an out-of-place call always qualifies;
+- a *cma* send is the same for an ordinary (private) buffer where the node allows
+  cross-memory attach (collectives/comm/cma.py): the receiver copies it out of the sender's
+  process in one kernel copy, and the sender stages nothing.
 
 On the receiving side a message that lands in TMP and is only read by the local operations of
 the step that receives it (and never read again before TMP there is rewritten) needs no copy
@@ -21,7 +24,7 @@ Nothing here imports MPI: the layout is a function of the plan and three flags.
 from ..plan import IN, OUT, TMP, REDUCE, COPY
 
 ALIGN = 64
-STAGED, DIRECT = 0, 1
+STAGED, DIRECT, CMA = 0, 1, 2
 
 
 def _overlaps(lo, hi, olo, ohi):
@@ -59,11 +62,14 @@ class SendLayout:
 
     ``staged_bytes``: the staging the call needs; ``sends[i]``: step i's shared-memory sends as
     ``(peer, buf, lo, hi, chan, mode, offset)`` (offset: bytes into staging for STAGED);
-    ``to[(peer, chan)]``: the same entries, in order, with their step, for a receiver."""
+    ``to[(peer, chan)]``: the same entries, in order, with their step, for a receiver;
+    ``direct``: whether a receiver reads the caller's own buffers (so the call must not return
+    before its readers are done)."""
 
     __slots__ = ("staged_bytes", "sends", "to", "direct")
 
-    def __init__(self, plan, itemsize, on_node, in_shared=False, out_shared=False, in_place=False):
+    def __init__(self, plan, itemsize, on_node, in_shared=False, out_shared=False, in_place=False, cma=False,
+                 receiver_maps=None):
         shared = {IN: in_shared or (in_place and out_shared), OUT: out_shared or (in_place and in_shared)}
         if in_place:
             def same(a, b):
@@ -80,9 +86,14 @@ class SendLayout:
             for peer, buf, lo, hi, chan in step.sends:
                 if not on_node(peer):
                     continue
-                if buf != TMP and shared[buf] and (
+                pair = self.to.get((peer, chan))
+                # cross-memory attach only for a message its receiver copies: one it reduces from
+                # staging costs no copy there, while a kernel copy is slower than a staging one
+                use_cma = cma and not (receiver_maps is not None
+                                       and receiver_maps(peer, chan, len(pair) if pair else 0))
+                if buf != TMP and (shared[buf] or use_cma) and (
                         (buf == IN and not in_place) or _unwritten_from(plan, index, buf, lo, hi, same)):
-                    entry = (peer, buf, lo, hi, chan, DIRECT, 0)
+                    entry = (peer, buf, lo, hi, chan, DIRECT if shared[buf] else CMA, 0)
                     self.direct = True
                 else:
                     entry = (peer, buf, lo, hi, chan, STAGED, offset)
@@ -101,6 +112,16 @@ def staging_bound(plan, itemsize, on_node):
             if on_node(peer):
                 total += -(-(hi - lo) * itemsize // ALIGN) * ALIGN
     return total
+
+
+def receive_order(plan, on_node):
+    """{(sender, chan): [(step index, receive index), ...]}: a plan's receives in matching order."""
+    order = {}
+    for index, step in enumerate(plan.steps):
+        for r, (peer, _, _, _, chan) in enumerate(step.recvs):
+            if on_node(peer):
+                order.setdefault((peer, chan), []).append((index, r))
+    return order
 
 
 def mapped_receives(plan, on_node):

@@ -34,17 +34,12 @@ if ours.node_colors() != expected_colors:
 if len(set(hosts)) < 2:
     problems.append(f"every rank on one host: {hosts}")
 
-# shared memory only between ranks of one host: shm's window is never made across hosts
-try:  # the shared-memory transport (issue 18): a window over this rank's node, where it has peers
-    import collectives.comm.shm as transport
-except ImportError:
-    transport = None
-if transport is not None:
-    if transport.available(ours) != (hosts.count(hosts[RANK]) > 1):
-        problems.append(f"the shm transport is {'' if transport.available(ours) else 'not '}available on host "
-                        f"{hosts[RANK]} of {hosts.count(hosts[RANK])} rank(s)")
-elif __import__("collectives.algorithms.shm", fromlist=["x"]).available(ours):
-    problems.append("shm found a shared window across hosts")
+# shared memory only between ranks of one host: the transport's window spans one host's ranks
+from collectives.comm import shm as shm_transport  # noqa: E402
+
+if shm_transport.available(ours) != (hosts.count(hosts[RANK]) > 1):
+    problems.append(f"the shm transport is {'' if shm_transport.available(ours) else 'not '}available on host "
+                    f"{hosts[RANK]} of {hosts.count(hosts[RANK])} rank(s)")
 node = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
 node_hosts = node.allgather(socket.gethostname())
 if len(set(node_hosts)) != 1:
@@ -57,9 +52,11 @@ for algorithm in collectives.algorithms():
             x = ((np.arange(count) + RANK) % 7).astype(dtype)
             want = np.empty_like(x)
             WORLD.Allreduce(x, want, op=MPI.SUM)
-            y = collectives.allreduce(x, algorithm=algorithm)
-            if not (np.array_equal(y, want) and same_everywhere(y)):
-                problems.append(f"{algorithm} {np.dtype(dtype)} count={count}")
+            # messages within a host over shared memory (where it has peers), across hosts over MPI
+            for transport in ("auto", "shm") if count > SIZE + 1 else ("auto",):
+                y = collectives.allreduce(x, algorithm=algorithm, transport=transport)
+                if not (np.array_equal(y, want) and same_everywhere(y)):
+                    problems.append(f"{algorithm}@{transport} {np.dtype(dtype)} count={count}")
 # two_level pipelined, every inter algorithm (one chunk where its ranks do not share steps), and
 # a message past the default pipelining size: rendezvous-sized messages across hosts in every chunk
 for inter in ("ring", "recursive_doubling", "rabenseifner", "double_binary_tree"):

@@ -192,13 +192,18 @@ def test_library_memory_counts_programs_scratch_and_window():
     small = np.ones(1000, np.float64)  # 8,000 B: a prepared program
     collectives.allreduce(small, comm=sub, algorithm="ring")
     collectives.allreduce(small, comm=sub, algorithm="ring")  # the same shape: nothing new is held
-    collectives.allreduce(np.ones(1 << 16, np.float32), comm=sub, algorithm="ring")  # 256 KiB: executor scratch
+    big = np.ones(1 << 16, np.float32)  # 256 KiB: executor scratch, over MPI point-to-point
+    collectives.allreduce(big, comm=sub, algorithm="ring", transport="mpi")
     after = collectives.library_memory(sub)
     ok = before == {"scratch": 0, "programs": 0, "program_shapes": 0, "shm_window": 0} \
         and after["program_shapes"] == 1 and small.nbytes <= after["programs"] <= 2 * small.nbytes \
         and after["scratch"] <= 1 << 18 and after["shm_window"] == 0
+    # over the shared-memory transport the node's window holds the staging
+    collectives.allreduce(big, comm=sub, algorithm="ring", transport="shm")
+    window = collectives.library_memory(sub)["shm_window"]
+    ok = ok and (0 < window <= 4 * big.nbytes if sub.size > 1 else window == 0)
     sub.Free()
-    agree(ok, f"library memory before {before}, after {after}")
+    agree(ok, f"library memory before {before}, after {after}, window {window}")
 
 
 def test_building_blocks_match_mpi():
