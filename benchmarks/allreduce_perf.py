@@ -49,7 +49,8 @@ def parse_args(argv):
     p.add_argument("--shared", action="store_true",
                    help="our rows run on shared arrays (collectives.empty): peers read them in place")
     p.add_argument("--floor", action="store_true",
-                   help="add the memory floors (zero-copy, one-copy) timed in the same run (always at n=2)")
+                   help="add the memory floors (zero-copy, one-copy: what moving the bytes through "
+                        "memory alone takes) timed in the same run; CPU, op sum")
     p.add_argument("-r", "--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--check-cost", action="store_true", help="add an 'auto+check' row (COLLECTIVES_CHECK=1)")
@@ -211,7 +212,7 @@ def fmt_row(cells, widths):
     return "".join(str(c).rjust(w) for c, w in zip(cells, widths))
 
 
-WIDTHS = [12, 11, 9, 7, 28, 11, 9, 9, 7, 8, 11, 9, 9, 7, 8]
+WIDTHS = [12, 11, 9, 7, 32, 11, 9, 9, 7, 8, 11, 9, 9, 7, 8]
 HEADER = ["size", "count", "type", "redop", "algorithm",
           "time(us)", "algbw", "busbw", "#wrong", "vs_nat",
           "time(us)", "algbw", "busbw", "#wrong", "vs_nat"]
@@ -256,7 +257,7 @@ def main(argv=None):
         if dtype.name == "bfloat16":
             print("# native: MPI has no bfloat16, so MPI_Allreduce runs on the 16-bit words with a "
                   "user-defined op (a Python callback reducing them as bfloat16)")
-        print(f"#{'':>11}{'':>11}{'':>9}{'':>7}{'':>28}{'out-of-place':>44}{'in-place':>44}")
+        print(f"#{'':>11}{'':>11}{'':>9}{'':>7}{'':>32}{'out-of-place':>44}{'in-place':>44}")
         print(fmt_row(HEADER, WIDTHS))
         print(fmt_row(["(B)", "(elements)", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "", "(GB/s)", "(GB/s)", "", ""],
                       WIDTHS), flush=True)
@@ -281,7 +282,7 @@ def main(argv=None):
         runners = {name: make_runner(name, unguarded if name == "auto-unguarded" else comm, args.op,
                                      (shared_send, shared_recv) if args.shared and name != "native"
                                      else (sendbuf, recvbuf)) for name in rows}
-        if (args.floor or n == 2) and gpu is None and args.op == "sum":
+        if args.floor and gpu is None and args.op == "sum":
             from benchmarks.floors import floor_runners
 
             runners.update(floor_runners(sendbuf, recvbuf, n, rank))

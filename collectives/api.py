@@ -270,6 +270,9 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
 def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     user_comm = comm
     transport = options.pop("transport", "auto") if options else "auto"
+    if transport not in _TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, got {transport!r}")
+    config.transport()  # a bad COLLECTIVES_TRANSPORT is refused here, on every rank, before any message
     sendbuf = _as_array(sendbuf, "sendbuf")
     backend = backend_for(sendbuf)
     dtype = sendbuf.dtype

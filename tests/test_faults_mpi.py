@@ -105,7 +105,7 @@ def test_control_case_succeeds_on_every_rank():
 # the headers every rank publishes before its data and names the field instead
 def _mismatch_pattern(algorithm, field="count"):
     if algorithm == "shm":
-        return rf"MismatchError: allreduce\(shm\): ranks disagree on {field} \((rank|ranks \d(, \d)*) \d"
+        return rf"MismatchError: allreduce\(shm\): ranks disagree on {field} \((rank \d|ranks \d(, \d)*): "
     return rf"MismatchError: allreduce\({algorithm}\) step \d+/\d+: ((a )?message from rank|rank \d sent a message of another call)"
 
 

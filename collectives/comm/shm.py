@@ -265,8 +265,9 @@ class ShmTransport:
         header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
         header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
         header[IN_ADDRESS], header[OUT_ADDRESS] = inbuf.ctypes.data, outbuf.ctypes.data
+        header[PROGRESS] = call << 32  # this call has begun: its fields can be compared
         if need:
-            self._agree_and_grow(need, sig, call, what)
+            self._agree_and_grow(need, sig, call, what, limit)
             header = self.header
             header[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)] = _fields(signature)
             header[SIGNATURE], header[FLAGS] = sig, flags
@@ -416,7 +417,7 @@ class ShmTransport:
             for peer, need, h in waiting:
                 progress = int(h[PROGRESS])
                 if progress >> 32 == call and h[SIGNATURE] != sig:
-                    raise self._mismatch(what, [peer])
+                    raise self._mismatch(what, call)
                 if progress < need:
                     left.append((peer, need, h))
             if not left:
@@ -458,13 +459,15 @@ class ShmTransport:
             if now - start > _SPIN_BEFORE_YIELD:
                 os.sched_yield()
 
-    def _mismatch(self, what, ranks):
-        """The MismatchError naming the first field of the call on which this rank and ``ranks``
-        (whose headers show this call) disagree, with each rank's value where it can be shown."""
-        me = self.comm.rank
-        ranks = sorted(set(ranks) | {me})
-        rows = {r: [int(v) for v in self.headers[self.node_index[r]][CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)]]
-                for r in ranks}
+    def _mismatch(self, what, call):
+        """The MismatchError naming the first field of the call on which the node's ranks
+        disagree, with each rank's value where it can be shown: the same text on every rank
+        (it waits, briefly, for every rank to show its fields of this call)."""
+        deadline = time.monotonic() + 1.0
+        while any(int(h[PROGRESS]) >> 32 < call for h in self.headers) and time.monotonic() < deadline:
+            os.sched_yield()
+        rows = {r: [int(v) for v in h[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)]]
+                for r, h in zip(self.node_ranks, self.headers) if int(h[PROGRESS]) >> 32 == call}
         for slot, field in enumerate(FIELD_NAMES):
             values = {r: row[slot] for r, row in rows.items()}
             if len(set(values.values())) > 1:
@@ -474,13 +477,23 @@ class ShmTransport:
                 detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: "
                                    f"{_show(field, v)}" for v, rs in groups.items())
                 return MismatchError(f"{what}: ranks disagree on {field} ({detail})")
-        return MismatchError(foreign_message(what, ranks[0] if ranks[0] != me else ranks[-1]))
+        differ = [r for r, h in zip(self.node_ranks, self.headers) if int(h[SIGNATURE]) != int(self.header[SIGNATURE])]
+        return MismatchError(foreign_message(what, differ[0] if differ else self.comm.rank))
 
-    def _agree_and_grow(self, need, sig, call, what):
-        """Grow the staging of every node rank to ``need`` bytes, once all agree on the call."""
+    def _agree_and_grow(self, need, sig, call, what, limit):
+        """Grow the staging of every node rank to ``need`` bytes, once all show this call with
+        one signature (else MismatchError; a rank that never shows it: a timeout naming it)."""
+        start = time.monotonic()
+        while True:
+            behind = [r for r, h in zip(self.node_ranks, self.headers) if int(h[PROGRESS]) >> 32 < call]
+            if any(int(h[PROGRESS]) >> 32 == call and int(h[SIGNATURE]) != sig for h in self.headers):
+                raise self._mismatch(what, call)
+            if not behind:
+                break
+            if limit and time.monotonic() - start > limit:
+                raise timeout_error(what, behind, limit)
+            os.sched_yield()
         self.node.barrier(f"{what}: growing the shared window")
-        if len({int(h[SIGNATURE]) for h in self.headers}) > 1:
-            raise self._mismatch(what, self.node_ranks)
         self._grow(max(need, 2 * self.capacity))
 
 
@@ -505,6 +518,12 @@ def _show(field, value):
         return str(value)
     if field == "dtype" and 0 < value < 128:
         return np.dtype(chr(value)).name
+    if field == "op":
+        from ..ops import OPS
+
+        for name in OPS:
+            if zlib.crc32(name.encode()) == value:
+                return name
     return f"#{value:08x}"
 
 

@@ -1,0 +1,152 @@
+"""The transport axis under MPI: every algorithm's plan over MPI point-to-point and over the
+node's shared memory gives the same bits (the plan fixes every reduction's order), in place and
+out of place, on ordinary and on shared arrays (``collectives.empty``); the choice of transport,
+its environment variables and its errors. Run by tests/run_all.py at N = 1..4 ranks."""
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py")
+from mpi4py import MPI  # noqa: E402
+
+import collectives  # noqa: E402
+from collectives.comm import cma, shm as shm_transport  # noqa: E402
+from collectives.select import SHM_MIN_BYTES, choose_transport  # noqa: E402
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
+WORLD = MPI.COMM_WORLD
+OPTIONS = {"tree": {"segment_bytes": 256}, "double_binary_tree": {"segment_bytes": 256},
+           "hierarchical_copy": {"group_size": 2}, "reduce_to_one": {"root": WORLD.size - 1}}
+COUNTS = (1, WORLD.size + 1, 5003, 40_000)  # the last past SHM_MIN_BYTES in float64
+
+
+def agree(ok, message):
+    """All ranks fail together, or none."""
+    everyone = WORLD.allreduce(bool(ok), op=MPI.LAND)
+    assert everyone, f"rank {WORLD.rank}: {message}" if not ok else "another rank failed"
+
+
+def identical_everywhere(y):
+    digests = WORLD.allgather(np.ascontiguousarray(y).tobytes())
+    return all(d == digests[0] for d in digests)
+
+
+def data(count, call=0):
+    rng = np.random.default_rng(1000 * WORLD.rank + call)
+    return rng.standard_normal(count)
+
+
+@pytest.mark.parametrize("algorithm", collectives.algorithms())
+def test_every_algorithm_gives_the_same_bits_over_both_transports(algorithm):
+    options = OPTIONS.get(algorithm, {})
+    ok, why = True, ""
+    for count in COUNTS:
+        x = data(count)
+        by_transport = {}
+        for transport in ("mpi", "shm"):
+            out = collectives.allreduce(x, algorithm=algorithm, transport=transport, **options)
+            inplace = x.copy()
+            collectives.allreduce(inplace, inplace, algorithm=algorithm, transport=transport, **options)
+            by_transport[transport] = out
+            if not np.array_equal(out, inplace):
+                ok, why = False, f"{algorithm}@{transport} count={count}: in place differs from out of place"
+        if not np.array_equal(by_transport["mpi"], by_transport["shm"]):
+            ok, why = False, f"{algorithm} count={count}: shm gives other bits than mpi"
+        if not identical_everywhere(by_transport["shm"]):
+            ok, why = False, f"{algorithm}@shm count={count}: ranks differ"
+        want = np.empty_like(x)
+        WORLD.Allreduce(x, want, op=MPI.SUM)
+        if not np.allclose(by_transport["shm"], want, rtol=1e-12, atol=1e-12 * WORLD.size * 8):
+            ok, why = False, f"{algorithm}@shm count={count}: far from MPI_Allreduce"
+    agree(ok, why)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner", "shm", "hierarchical_copy"])
+def test_shared_arrays_reduce_in_place_and_out_of_place(algorithm):
+    comm = WORLD.Dup()
+    options = OPTIONS.get(algorithm, {})
+    ok, why = True, ""
+    for count in (7, 5003, 70_000):
+        x = data(count, call=count)
+        want = collectives.allreduce(x, algorithm=algorithm, comm=comm, transport="mpi", **options)
+        sendbuf = collectives.empty(count, np.float64, comm=comm)
+        recvbuf = collectives.zeros(count, np.float64, comm=comm)
+        sendbuf[:] = x
+        for rep in range(3):  # repeated calls on the same shared arrays: the readers must be done
+            collectives.allreduce(sendbuf, recvbuf, algorithm=algorithm, comm=comm, transport="shm", **options)
+            if not (np.array_equal(recvbuf, want) and np.array_equal(sendbuf, x)):
+                ok, why = False, f"{algorithm} count={count} rep {rep}: shared out of place wrong"
+            sendbuf[:] = x * (rep + 2)  # written right after the call returned
+            sendbuf[:] = x
+        collectives.allreduce(sendbuf, sendbuf, algorithm=algorithm, comm=comm, transport="shm", **options)
+        if not np.array_equal(sendbuf, want):
+            ok, why = False, f"{algorithm} count={count}: shared in place wrong"
+        # one shared and one ordinary buffer
+        plain = np.empty(count)
+        collectives.allreduce(recvbuf, plain, algorithm=algorithm, comm=comm, transport="shm", **options)
+        again = collectives.allreduce(want, algorithm=algorithm, comm=comm, transport="mpi", **options)
+        if not np.array_equal(plain, again):
+            ok, why = False, f"{algorithm} count={count}: shared sendbuf, plain recvbuf wrong"
+    comm.Free()
+    agree(ok, why)
+
+
+def test_shared_arrays_live_in_node_memory_and_go_with_their_users():
+    comm = WORLD.Dup()
+    ours = collectives.as_comm(comm)
+    array = collectives.empty((3, 5), np.int32, comm=comm)
+    zeros = collectives.zeros(4, comm=comm)
+    ok = array.shape == (3, 5) and array.dtype == np.int32 and zeros.shape == (4,) and not zeros.any()
+    if shm_transport.available(ours):
+        transport = shm_transport.for_comm(ours)
+        held = len(transport.arrays)
+        ok = ok and held == 2
+        del array
+        kept = collectives.empty(1, comm=comm)  # the next allocation frees what every rank dropped
+        ok = ok and len(transport.arrays) == 2 and kept.size == 1  # the zeros and the new one
+    comm.Free()
+    agree(ok, "shared arrays: wrong shape, or a dropped one still held")
+
+
+def test_auto_uses_shared_memory_from_its_threshold_and_the_environment_overrides(monkeypatch):
+    comm = WORLD.Dup()
+    ours = collectives.as_comm(comm)
+    on_node = shm_transport.available(ours)
+    small, large = choose_transport(ours, "ring", SHM_MIN_BYTES - 8), choose_transport(ours, "ring", SHM_MIN_BYTES)
+    ok = small == "mpi" and large == ("shm" if on_node else "mpi")
+    ok = ok and choose_transport(ours, "shm", 8) == ("shm" if on_node else "mpi")  # shm asks for it
+    monkeypatch.setenv("COLLECTIVES_TRANSPORT", "mpi")
+    forced = choose_transport(ours, "shm", SHM_MIN_BYTES)
+    x = data(20_000)
+    y = collectives.allreduce(x, comm=comm, algorithm="shm")  # the direct plan over MPI
+    window = collectives.library_memory(comm)["shm_window"]
+    monkeypatch.setenv("COLLECTIVES_TRANSPORT", "shm")
+    z = collectives.allreduce(x, comm=comm, algorithm="ring")
+    monkeypatch.delenv("COLLECTIVES_TRANSPORT")
+    want = collectives.allreduce(x, comm=comm, algorithm="ring", transport="mpi")
+    ok = ok and forced == "mpi" and window == 0 and np.array_equal(z, want) and identical_everywhere(y)
+    comm.Free()
+    agree(ok, f"choices {small}/{large}/{forced}, window under COLLECTIVES_TRANSPORT=mpi {window}")
+
+
+def test_an_unknown_transport_is_refused_on_every_rank_before_any_message(monkeypatch):
+    with pytest.raises(ValueError, match="transport"):
+        collectives.allreduce(np.ones(4), transport="nvlink")
+    monkeypatch.setenv("COLLECTIVES_TRANSPORT", "carrier-pigeon")
+    with pytest.raises(ValueError, match="COLLECTIVES_TRANSPORT"):
+        collectives.allreduce(np.ones(4))
+    monkeypatch.delenv("COLLECTIVES_TRANSPORT")
+    agree(np.array_equal(collectives.allreduce(np.ones(4)), np.full(4, float(WORLD.size))), "a later call failed")
+
+
+def test_without_cross_memory_attach_the_copies_stage(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_CMA", "0")
+    comm = WORLD.Dup()
+    ours = collectives.as_comm(comm)
+    x = data(50_000)
+    y = collectives.allreduce(x, comm=comm, algorithm="ring", transport="shm")
+    uses_cma = shm_transport.for_comm(ours).cma if shm_transport.available(ours) else cma.supported()
+    monkeypatch.delenv("COLLECTIVES_CMA")
+    want = collectives.allreduce(x, comm=comm, algorithm="ring", transport="mpi")
+    ok = uses_cma is False and np.array_equal(y, want) and identical_everywhere(y)
+    comm.Free()
+    agree(ok, f"COLLECTIVES_CMA=0: cma {uses_cma}, or a wrong result")
