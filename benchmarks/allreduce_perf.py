@@ -50,7 +50,7 @@ def parse_args(argv):
                    help="our rows run on shared arrays (collectives.empty): peers read them in place")
     p.add_argument("--floor", action="store_true",
                    help="add the memory floors (zero-copy, one-copy: what moving the bytes through "
-                        "memory alone takes) timed in the same run; CPU, op sum")
+                        "memory alone takes) timed in the same run; always at n=2; CPU, op sum")
     p.add_argument("-r", "--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--check-cost", action="store_true", help="add an 'auto+check' row (COLLECTIVES_CHECK=1)")
@@ -282,7 +282,7 @@ def main(argv=None):
         runners = {name: make_runner(name, unguarded if name == "auto-unguarded" else comm, args.op,
                                      (shared_send, shared_recv) if args.shared and name != "native"
                                      else (sendbuf, recvbuf)) for name in rows}
-        if args.floor and gpu is None and args.op == "sum":
+        if (args.floor or n == 2) and gpu is None and args.op == "sum":
             from benchmarks.floors import floor_runners
 
             runners.update(floor_runners(sendbuf, recvbuf, n, rank))

@@ -359,9 +359,12 @@ def _shm_forced(module, requested):
 
 
 def _select_transport(comm, module, nbytes, requested):
-    from .select import choose_transport
+    from .select import log_transport, transport_choice
 
-    return choose_transport(comm, module, nbytes, requested)
+    transport, why = transport_choice(comm, module, nbytes, requested)
+    if config.debug_level() in ("INFO", "DEBUG"):
+        log_transport(comm, nbytes, module.NAME, transport, why)
+    return transport
 
 
 def _shm_transport(comm, name, count, itemsize, params, module):

@@ -125,21 +125,54 @@ def choose_transport(comm, algorithm, nbytes, requested="auto"):
     (the call's ``transport=``, or COLLECTIVES_TRANSPORT) wins where it can apply; an algorithm
     may ask for one (``TRANSPORT``); else shared memory from SHM_MIN_BYTES. Shared memory needs
     an MPI communicator with a peer on this node; messages to other hosts always go through MPI."""
+    return transport_choice(comm, algorithm, nbytes, requested)[0]
+
+
+def transport_choice(comm, algorithm, nbytes, requested="auto"):
+    """(transport, why): ``choose_transport`` with the reason, for the debug log."""
     forced = config.transport()
     if forced != "auto":
-        requested = forced
-    if requested == "mpi" or getattr(comm, "mpi_comm", None) is None or comm.size == 1:
-        return "mpi"
+        requested, asked = forced, "forced by COLLECTIVES_TRANSPORT"
+    else:
+        asked = "named by the caller"
+    if requested == "mpi":
+        return "mpi", asked
+    if getattr(comm, "mpi_comm", None) is None or comm.size == 1:
+        return "mpi", "not an MPI communicator with peers"
     colors = comm.node_colors()
     if colors.count(colors[comm.rank]) == 1:
-        return "mpi"
+        return "mpi", "no peer on this rank's node"
     if requested == "shm":
-        return "shm"
+        return "shm", asked
     module = _algorithms.get(algorithm) if isinstance(algorithm, str) else algorithm
     wanted = getattr(module, "TRANSPORT", None)
     if wanted is not None:
-        return wanted
-    return "shm" if nbytes >= SHM_MIN_BYTES else "mpi"
+        return wanted, f"asked for by {getattr(module, 'NAME', algorithm)}"
+    if nbytes >= SHM_MIN_BYTES:
+        return "shm", f"peers on this node, {nbytes} B >= SHM_MIN_BYTES {SHM_MIN_BYTES}"
+    return "mpi", f"{nbytes} B < SHM_MIN_BYTES {SHM_MIN_BYTES}"
+
+
+def log_transport(comm, nbytes, name, transport, why):
+    """Under COLLECTIVES_DEBUG=INFO (or DEBUG), log a call's transport and why, once per shape."""
+    if config.debug_level() not in ("INFO", "DEBUG"):
+        return
+    key = ("transport", comm.rank, comm.size, nbytes, name, transport, why)
+    if key in _logged:
+        return
+    _logged.add(key)
+    _ensure_handler()
+    _log.info("allreduce rank %d of %d: %d bytes with %s -> transport %s (%s)", comm.rank, comm.size, nbytes,
+              name, transport, why)
+
+
+def _ensure_handler():
+    if _log.level == logging.NOTSET:
+        _log.setLevel(logging.INFO)
+    if not _log.handlers and not logging.getLogger().handlers:  # nobody configured logging: stderr
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("collectives: %(message)s"))
+        _log.addHandler(handler)
 
 
 def log_choice(comm, nbytes, dtype, name, why):
@@ -151,12 +184,7 @@ def log_choice(comm, nbytes, dtype, name, why):
     if key in _logged:
         return
     _logged.add(key)
-    if _log.level == logging.NOTSET:
-        _log.setLevel(logging.INFO)
-    if not _log.handlers and not logging.getLogger().handlers:  # nobody configured logging: stderr
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("collectives: %(message)s"))
-        _log.addHandler(handler)
+    _ensure_handler()
     _log.info("allreduce rank %d of %d: %d bytes of %s -> %s (%s)", comm.rank, comm.size, nbytes, dtype,
               name, why)
 

@@ -29,8 +29,10 @@ def run(**env):
     return subprocess.run([sys.executable, "-c", SCRIPT], env=full, capture_output=True, text=True, timeout=120)
 
 
-def log_lines(proc):
-    return [line for line in proc.stderr.splitlines() if line.startswith("collectives: allreduce")]
+def log_lines(proc, transport=False):
+    """The choice lines: of the algorithm, or (``transport=True``) of the transport."""
+    return [line for line in proc.stderr.splitlines()
+            if line.startswith("collectives: allreduce") and ("-> transport " in line) == transport]
 
 
 @pytest.mark.timeout(150)
@@ -45,6 +47,13 @@ def test_debug_logs_every_distinct_shape_once_from_the_first_call():
         assert sum("16 bytes of float32 ->" in line and "cost model" in line for line in mine) == 1, mine
         assert sum("1200000 bytes of float32 ->" in line for line in mine) == 1, mine
         assert sum("256 bytes of float32 -> tree (named by the caller)" in line for line in mine) == 1, mine
+        # and the transport of each shape: shared memory from SHM_MIN_BYTES between ranks of a node
+        moved = [line for line in log_lines(proc, transport=True) if f"rank {rank} of 2:" in line]
+        assert len(moved) == 3, moved
+        assert sum("1200000 bytes with" in line and "-> transport shm (peers on this node" in line
+                   for line in moved) == 1, moved
+        assert sum("16 bytes with" in line and "-> transport mpi (16 B < SHM_MIN_BYTES" in line
+                   for line in moved) == 1, moved
 
 
 @pytest.mark.timeout(150)

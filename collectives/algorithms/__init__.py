@@ -3,10 +3,9 @@
 A module provides ``NAME``, ``OPTIONS`` (name -> Option), ``build(rank, size,
 count, itemsize, **params) -> Plan`` and ``cost(p, nbytes, alpha, beta, gamma,
 **options)``; optionally ``resolve(options, comm)`` (options that need the
-communicator, such as node groups), ``check(options, size)``, and
-``run(comm, inbuf, outbuf, reduce_fn, final_fn)``: a transport-specific fast path
-(shared memory) that moves the same data as the plan and returns False where it
-does not apply. A built-in algorithm is a module named in ``_MODULES``; algorithms from
+communicator, such as node groups), ``check(options, size)``, and ``TRANSPORT``
+(``"shm"`` or ``"mpi"``: the transport the algorithm asks for where the peers share a node;
+it never moves data itself: collectives/comm/ carries every plan's messages). A built-in algorithm is a module named in ``_MODULES``; algorithms from
 outside the package come through ``collectives.register_algorithm`` (which verifies their
 plans first, ``collectives/plugins.py``). Hooks in ``on_load`` run once, after the built-ins
 are registered and before the first lookup returns (plugins from entry points and
