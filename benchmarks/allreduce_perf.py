@@ -13,6 +13,7 @@ rank and the library's scratch memory.
 """
 import argparse
 import json
+import numbers
 import os
 import resource
 import sys
@@ -178,6 +179,11 @@ def row_label(name, ours, nbytes, dtype):
     return f"auto({algorithm}@{transport})" if base == "auto" else f"{algorithm}@{transport}"
 
 
+def _count(wrong):
+    """The JSON's #wrong: a number, or None where nothing was checked (a floor, -c 0)."""
+    return int(wrong) if isinstance(wrong, numbers.Integral) else None
+
+
 def time_batch(comm, fn, iters):
     """Seconds per call of ``iters`` back-to-back calls after a barrier, on the slowest rank
     (as nccl-tests: the loop is timed, so the barrier's exit skew is spread over the batch)."""
@@ -332,9 +338,9 @@ def main(argv=None):
             records.append({"size": nbytes, "count": count, "type": str(dtype), "redop": args.op, "algorithm": name,
                             "label": label, "ranks": n, "calls_per_batch": per_round,
                             "oop": {"time_us": t[0] * 1e6, "algbw": algbw[0], "busbw": busbw[0],
-                                    "wrong": wrong[name][0], "vs_native": ratio[0]},
+                                    "wrong": _count(wrong[name][0]), "vs_native": ratio[0]},
                             "ip": {"time_us": t[1] * 1e6, "algbw": algbw[1], "busbw": busbw[1],
-                                   "wrong": wrong[name][1], "vs_native": ratio[1]}})
+                                   "wrong": _count(wrong[name][1]), "vs_native": ratio[1]}})
             busbw_by_algo.setdefault(name, []).append(busbw[0])
             if rank == 0:
                 print(fmt_row([nbytes, count, str(dtype), args.op, label[:27],

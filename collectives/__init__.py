@@ -9,7 +9,8 @@ Quick use::
 
 Your own algorithm: ``collectives.register_algorithm(obj)`` (see docs/writing-an-algorithm.md).
 """
-from .api import algorithm_options, algorithms, allreduce, as_comm, barrier, clear_caches, empty, library_memory, zeros
+from .api import algorithm_options, algorithms, allreduce, as_comm, barrier, clear_caches, library_memory
+from .shared_arrays import empty, zeros
 from .blocks_api import allgather, broadcast, reduce, reduce_scatter
 from .bucket import Bucketer
 from .nonblocking import AllreduceRequest, iallreduce, open_requests, waitall

@@ -305,12 +305,13 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     what = f"allreduce({name})"
     sig = signature("allreduce", name, op, dtype, count, params)
     shm = None
-    if backend is NUMPY and _select_transport(comm, module, sendbuf.nbytes, transport) == "shm":
+    preferred = _preferred_transport(comm, sendbuf.nbytes, dtype, algorithm)
+    if backend is NUMPY and _select_transport(comm, module, sendbuf.nbytes, transport, preferred) == "shm":
         shm = _shm_transport(comm, name, count, dtype.itemsize, params, module)
     # a prepared program's tags differ from the plan's: none where another node's ranks may run
     # this call over shared memory (a rank alone on its host meets them through MPI)
     program = _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what) \
-        if backend is NUMPY and shm is None and not _shm_forced(module, transport) else None
+        if backend is NUMPY and shm is None and not _shm_forced(module, transport, preferred) else None
     if not options and transport == "auto" and backend is NUMPY and not config.check_enabled() \
             and config.forced_algorithm() is None:
         shapes = comm.session.shapes
@@ -353,17 +354,27 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     return recvbuf
 
 
-def _shm_forced(module, requested):
-    """True when this call asks for the shared-memory transport whatever its size."""
-    return "shm" in (requested, config.transport(), getattr(module, "TRANSPORT", None))
+def _shm_forced(module, requested, preferred=None):
+    """True when this call asks for the shared-memory transport whatever its size (the same
+    answer on every rank: a rank alone on its node must not run a prepared program then)."""
+    return "shm" in (requested, config.transport(), getattr(module, "TRANSPORT", None), preferred)
 
 
-def _select_transport(comm, module, nbytes, requested):
+def _preferred_transport(comm, nbytes, dtype, algorithm):
+    """The transport the tuning table paired with auto's algorithm for this call, or None."""
+    if algorithm != "auto" or config.forced_algorithm() is not None:
+        return None
+    from .select import choose_pair
+
+    return choose_pair(comm, nbytes, dtype)[1]
+
+
+def _select_transport(comm, module, nbytes, requested, preferred=None):
     from .select import log_transport, transport_choice
 
-    transport, why = transport_choice(comm, module, nbytes, requested)
-    if config.debug_level() in ("INFO", "DEBUG"):
-        log_transport(comm, nbytes, module.NAME, transport, why)
+    transport, why = transport_choice(comm, module, nbytes, requested, preferred)
+    if config.debug_level() in ("INFO", "DEBUG") and getattr(comm, "mpi_comm", None) is not None:
+        log_transport(comm, nbytes, module.NAME, transport, why)  # (a threaded world has one transport)
     return transport
 
 
@@ -379,27 +390,6 @@ def _shm_transport(comm, name, count, itemsize, params, module):
         return session.plan(("allreduce", name, size, rank, count, itemsize, items),
                             lambda: module.build(rank, size, count, itemsize=itemsize, **params))
     return _shm.for_comm(comm), plans_of
-
-
-def empty(shape, dtype=np.float64, comm=None):
-    """A NumPy array in memory shared by the ranks of ``comm`` on this node (a registered
-    buffer): an all-reduce over shared memory reads such arrays in place, with no staging copy.
-    Collective: every rank of ``comm`` calls it, with the same shape and dtype. Where no peer
-    shares this rank's node (or ``comm`` is not an MPI communicator) it is a plain array. The
-    memory lives as long as the communicator."""
-    ours = _usable(comm)
-    if getattr(ours, "mpi_comm", None) is None:
-        return np.empty(shape, dtype)
-    from .comm import shm as _shm
-
-    return _shm.shared_empty(ours, shape, dtype)
-
-
-def zeros(shape, dtype=np.float64, comm=None):
-    """``empty`` filled with zeros."""
-    array = empty(shape, dtype, comm)
-    array.fill(0)
-    return array
 
 
 def algorithm_options(name):

@@ -76,6 +76,13 @@ def two_level_choice(hosts, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, alpha_i
 
 
 def choose(comm, nbytes, dtype):
+    """The algorithm ``auto`` runs for the call (``choose_pair`` without the transport)."""
+    return choose_pair(comm, nbytes, dtype)[0]
+
+
+def choose_pair(comm, nbytes, dtype):
+    """(algorithm, transport or None) for ``auto``: the tuning table's pair where it covers the
+    call, else the cost model's (None: the transport is left to ``choose_transport``)."""
     mpi = getattr(comm, "mpi_comm", None) is not None
     hosts = topology(comm) if mpi and comm.size > 1 else ((tuple(range(comm.size)),))
     key = (comm.size, nbytes, dtype, mpi, hosts)
@@ -88,36 +95,38 @@ def choose(comm, nbytes, dtype):
             from .mpilib import describe
 
             library = describe()
-        table_choice = tuning.lookup(comm.size, nbytes, dtype, library, tuning.topology_key(hosts))
-        if table_choice is not None and table_choice in _algorithms.names():  # a plugin not loaded now
-            hit = (table_choice, (f"tuning table, {library}" if library else "tuning table")
-                   + (f", {describe_topology(hosts)}" if len(hosts) > 1 else ""))
+        table_choice = tuning.lookup_pair(comm.size, nbytes, dtype, library, tuning.topology_key(hosts))
+        if table_choice is not None and table_choice[0] in _algorithms.names():  # a plugin not loaded now
+            hit = (table_choice[0], (f"tuning table, {library}" if library else "tuning table")
+                   + (f", {describe_topology(hosts)}" if len(hosts) > 1 else ""), table_choice[1])
         elif len(hosts) > 1:
             # across hosts: the two-level cost model (shm never spans hosts)
             candidates = [n for n in _algorithms.names() if n != "shm"]
             name, costs = two_level_choice(hosts, nbytes, candidates=candidates)
             unused = tuning.mismatch(library) if library else None
             hit = (name, f"two-level cost model, {describe_topology(hosts)} ({costs[name] * 1e6:.1f} us predicted)"
-                   + (f"; {unused}: not used" if unused else ""))
+                   + (f"; {unused}: not used" if unused else ""), None)
         else:
             # shm is left to the tuning table: measured here it trails the ring (see RESULTS.md)
             candidates = [n for n in _algorithms.names() if n not in ("shm", "two_level")]
             name, costs = cost_choice(comm.size, nbytes, candidates=candidates)
             unused = tuning.mismatch(library) if library else None
             hit = (name, f"cost model ({costs[name] * 1e6:.1f} us predicted)"
-                   + (f"; {unused}: not used" if unused else ""))
+                   + (f"; {unused}: not used" if unused else ""), None)
         if len(_choices) > 4096:
             _choices.clear()
         _choices[key] = hit
-    name, why = hit
+    name, why, transport = hit
     log_choice(comm, nbytes, dtype, name, why)
-    return name
+    return name, transport
 
 
 # Messages from this size travel through shared memory between ranks of one node when the caller
-# leaves the transport to the library: below it a prepared MPI program (persistent requests)
-# costs less per step than polling memory from Python (benchmarks/RESULTS.md, "Transports").
-SHM_MIN_BYTES = 64 << 10
+# (and the tuning table) leave the transport to the library. Below it MPI point-to-point was as
+# fast or faster here at n=2: the transport's per-step Python work (layouts, header polls) costs
+# more than MPICH's own shared-memory path saves; from 4 MiB the two were even at n=2 and shared
+# memory ahead at n=4 (benchmarks/RESULTS.md, "Transports").
+SHM_MIN_BYTES = 4 << 20
 
 
 def choose_transport(comm, algorithm, nbytes, requested="auto"):
@@ -128,8 +137,10 @@ def choose_transport(comm, algorithm, nbytes, requested="auto"):
     return transport_choice(comm, algorithm, nbytes, requested)[0]
 
 
-def transport_choice(comm, algorithm, nbytes, requested="auto"):
-    """(transport, why): ``choose_transport`` with the reason, for the debug log."""
+def transport_choice(comm, algorithm, nbytes, requested="auto", preferred=None):
+    """(transport, why): ``choose_transport`` with the reason, for the debug log. ``preferred``:
+    the transport the tuning table paired with ``auto``'s algorithm (used where nothing else
+    decides)."""
     forced = config.transport()
     if forced != "auto":
         requested, asked = forced, "forced by COLLECTIVES_TRANSPORT"
@@ -148,6 +159,8 @@ def transport_choice(comm, algorithm, nbytes, requested="auto"):
     wanted = getattr(module, "TRANSPORT", None)
     if wanted is not None:
         return wanted, f"asked for by {getattr(module, 'NAME', algorithm)}"
+    if preferred is not None:
+        return preferred, "tuning table"
     if nbytes >= SHM_MIN_BYTES:
         return "shm", f"peers on this node, {nbytes} B >= SHM_MIN_BYTES {SHM_MIN_BYTES}"
     return "mpi", f"{nbytes} B < SHM_MIN_BYTES {SHM_MIN_BYTES}"

@@ -39,6 +39,9 @@ def parse_args(argv):
     p.add_argument("-f", "--stepfactor", type=float, default=2)
     p.add_argument("-d", "--datatypes", default="float32", help="comma list of dtypes to tune")
     p.add_argument("-a", "--algorithms", default="all", help="comma list, or 'all' (every registered one)")
+    p.add_argument("-t", "--transports", default="auto",
+                   help="comma list of transports to measure each algorithm over: mpi, shm; auto (default): "
+                        "both where ranks share a node, else mpi")
     p.add_argument("-r", "--rounds", type=int, default=None,
                    help="interleaved rounds per size; the median counts (default 5, or 15 with more ranks "
                         "than cores, where batches of the same calls differ more)")
@@ -59,6 +62,9 @@ def parse_args(argv):
     unknown = [a for a in args.algorithms if a not in known]
     if unknown:
         p.error(f"unknown algorithm(s) {', '.join(unknown)}; valid: {', '.join(known)}")
+    args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    if not args.transports or any(t not in ("auto", "mpi", "shm") for t in args.transports):
+        p.error(f"-t takes auto, mpi, shm; got {args.transports}")
     try:
         args.datatypes = [np.dtype(d) for d in args.datatypes.split(",") if d]
     except TypeError as exc:
@@ -75,14 +81,17 @@ def sizes(lo, hi, factor):
 
 
 def measure(comm, algorithm, sendbuf, recvbuf, iters):
-    """Seconds per call on the slowest rank, ``iters`` back-to-back calls after a barrier."""
+    """Seconds per call on the slowest rank, ``iters`` back-to-back calls after a barrier;
+    ``algorithm`` may name its transport (``ring@shm``)."""
     import collectives
     from mpi4py import MPI
 
+    name, _, transport = algorithm.partition("@")
+    transport = transport or "auto"
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(iters):
-        collectives.allreduce(sendbuf, recvbuf, algorithm=algorithm, comm=comm)
+        collectives.allreduce(sendbuf, recvbuf, algorithm=name, comm=comm, transport=transport)
     elapsed = np.array([(time.perf_counter() - start) / iters])
     comm.Allreduce(MPI.IN_PLACE, elapsed, op=MPI.MAX)
     return float(elapsed[0])
@@ -103,7 +112,9 @@ def tune(comm, args, log=print):
     from .api import as_comm
     from .select import topology as _hosts
 
-    topology = tuning.topology_key(_hosts(as_comm(comm)))  # None on one host
+    ours = as_comm(comm)
+    topology = tuning.topology_key(_hosts(ours))  # None on one host
+    candidates = _candidates(ours, args)
     if root and topology is not None:
         log(f"# topology: {len(topology.split(','))} hosts with {topology} ranks")
     for dtype in args.datatypes:
@@ -118,11 +129,11 @@ def tune(comm, args, log=print):
         iters = {}
         for count in counts:
             sendbuf, recvbuf = buffers[count]
-            for name in args.algorithms:  # warm up (plans, scratch, programs), and size each round
+            for name in candidates:  # warm up (plans, scratch, programs), and size each round
                 once = measure(comm, name, sendbuf, recvbuf, 1)
                 iters[count, name] = max(1, min(10000, int(args.round_ms * 1e-3 / max(once, 1e-7))))
-        times = {(count, name): [] for count in counts for name in args.algorithms}
-        names = list(args.algorithms)
+        times = {(count, name): [] for count in counts for name in candidates}
+        names = list(candidates)
         for round_index in range(args.rounds):
             # each round starts at another size and algorithm: the batch that follows the largest
             # size (or comes first after a barrier) ran slow at n=4 on 2 cores, and no size or
@@ -138,20 +149,34 @@ def tune(comm, args, log=print):
         if root:
             log(f"# {_library()}, {comm.size} ranks, {dtype}: median of {args.rounds} rounds, interleaved across sizes and "
                 f"algorithms; time per call in us")
-            log("#" + "".join(f"{name[:12]:>13}" for name in ["bytes"] + list(args.algorithms)) + "  best")
+            log("#" + "".join(f"{name[:20]:>21}" for name in ["bytes"] + list(candidates)) + "  best")
         for count in counts:
-            median = {name: float(np.median(times[count, name])) for name in args.algorithms}
+            median = {name: float(np.median(times[count, name])) for name in candidates}
             stored = {name: round(seconds * 1e6, 2) for name, seconds in median.items()}
             best = min(stored, key=stored.get)  # decided on the figures the file keeps (ties: the first)
+            algorithm, _, transport = best.partition("@")
             entry = {"size": comm.size, "dtype": str(dtype), "nbytes": count * itemsize,
-                     "algorithm": best, "times_us": stored}
+                     "algorithm": algorithm, "times_us": stored}
+            if transport:
+                entry["transport"] = transport
             if topology is not None:
                 entry["topology"] = topology
             entries.append(entry)
             if root:
-                log(f" {count * itemsize:>12}" + "".join(f"{median[name] * 1e6:>13.1f}" for name in args.algorithms)
+                log(f" {count * itemsize:>20}" + "".join(f"{median[name] * 1e6:>21.1f}" for name in candidates)
                     + f"  {best}")
     return entries
+
+
+def _candidates(ours, args):
+    """What is measured: each algorithm over each transport (``name@transport``), or the bare
+    names where only MPI point-to-point applies (no peer on the node, or -t mpi alone)."""
+    from .comm import shm
+
+    wanted = ["mpi", "shm"] if "auto" in args.transports else args.transports
+    if not shm.available(ours):
+        return list(args.algorithms)
+    return [f"{name}@{t}" for name in args.algorithms for t in wanted]
 
 
 def _library():

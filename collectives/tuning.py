@@ -1,4 +1,4 @@
-"""The tuning table: best measured algorithm per (world size, dtype, message size).
+"""The tuning table: best measured (algorithm, transport) per (world size, dtype, message size).
 
 Stored as JSON at COLLECTIVES_TUNING or in the user's cache directory
 (~/.cache/collectives/tuning.json). A missing file means "use the cost model";
@@ -52,12 +52,15 @@ def _read(where):
                     topology = entry.get("topology")
                     if topology is not None and not isinstance(topology, str):
                         raise ValueError(f"topology is not a string: {topology!r}")
+                    transport = entry.get("transport")
+                    if transport not in (None, "mpi", "shm"):
+                        raise ValueError(f"transport is not mpi or shm: {transport!r}")
                     table.setdefault((int(entry["size"]), str(entry["dtype"]), topology), []).append(
-                        (int(entry["nbytes"]), str(entry["algorithm"])))
+                        (int(entry["nbytes"]), str(entry["algorithm"]), transport))
                 except (KeyError, TypeError, ValueError) as exc:
                     raise ValueError(f"entry {index} is malformed ({type(exc).__name__}: {exc})") from None
             for rows in table.values():
-                rows.sort()
+                rows.sort(key=lambda row: (row[0], row[1], row[2] or ""))
             library, eager = data.get("mpi_library"), data.get("eager_limit")
             if library is not None and not isinstance(library, str):
                 raise ValueError(f"mpi_library is not a string: {library!r}")
@@ -102,6 +105,13 @@ def lookup(size, nbytes, dtype, library=None, topology=None):
     """The table's algorithm for the call, or None; ``library`` (under MPI): the table must
     have been measured under it; ``topology`` (``topology_key``): entries measured on that
     topology only (a table tuned on one host never decides for several, nor the reverse)."""
+    found = lookup_pair(size, nbytes, dtype, library, topology)
+    return None if found is None else found[0]
+
+
+def lookup_pair(size, nbytes, dtype, library=None, topology=None):
+    """(algorithm, transport) of the table's entry for the call, or None; the transport is None
+    where the entry does not name one (a table written before transports were tuned)."""
     table = _table()
     if not table or (library is not None and mismatch(library) is not None):
         return None
@@ -114,10 +124,9 @@ def lookup(size, nbytes, dtype, library=None, topology=None):
     from .algorithms import names
 
     best = min(rows, key=lambda row: abs(_log2(row[0]) - _log2(nbytes)))
-    name = best[1]
-    if name not in names():
+    if best[1] not in names():
         return None
-    return name
+    return best[1], best[2]
 
 
 def _log2(x):

@@ -9,28 +9,26 @@ the receiver waits for that counter and reads the peer's memory: one copy, or no
 the step's own reduction reads the peer's memory in place of scratch. Messages to ranks on
 other hosts still go through MPI in the same step (a mixed step polls both).
 
-Header, one per rank (int64 slots, written only by its owner):
-``PROGRESS`` = call << 32 | steps published in it; ``DONE`` = calls finished; ``SIGNATURE``
-(crc32 of the call's signature); ``FLAGS`` (IN shared, OUT shared, in place) with where the
-shared IN and OUT lie (array id, byte offset). A receiver builds the sender's plan (shared
-plan store), lays it out with the sender's flags, and so knows where every message lies.
+Each rank's header (shm_header) says how far it is and where its buffers lie; a receiver builds
+the sender's plan (shared plan store), lays it out with the sender's flags (shm_layout), and so
+knows where every message lies. A message the receiver only copies may be read straight out of
+the sender's buffer by cross-memory attach (cma), so the sender stages nothing.
 
 Reuse: staging offsets are never reused within a call; before a rank writes its staging for
 call c, every peer that read it in call c-1 has finished c-1 (its DONE), and before a call
 that sent a shared array's memory direct returns, its readers have finished it (the caller may
 write the array next). Neither wait can deadlock: it waits only for work whose messages are all
 published. The window grows when a call needs more staging than any rank has, collectively,
-after a bounded barrier whose ranks compare their calls' signatures first.
+once every rank shows the call and all agree on it.
 
 Errors: a wait runs to COLLECTIVES_TIMEOUT and names the silent ranks; a peer whose header
 shows another call's signature (or whose MPI messages belong to another call) raises
-MismatchError. Ordering: on x86-64 stores are seen in program order, so a counter raised after
+MismatchError naming the field on which the ranks disagree. Ordering: on x86-64 stores are seen in program order, so a counter raised after
 the data's copy is enough; elsewhere ``Win.Sync`` (a memory barrier) runs around it.
 """
 import os
 import platform
 import time
-import weakref
 import zlib
 
 import numpy as np
@@ -41,17 +39,15 @@ from ..plan import IN, OUT, TMP, REDUCE, COPY, FINAL
 from .base import foreign_message
 from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, _SPIN_BEFORE_YIELD, timeout_error
 from . import cma as _cma
-from .shm_layout import CMA, STAGED, SendLayout, mapped_receives, receive_order, staging_bound
+from .shm_arrays import SharedArrays
+from .shm_header import (CALL_FIELDS, CMA_OK, DONE, FIELD_NAMES, FLAGS, HEADER, IN_ADDRESS, IN_ARRAY,
+                         IN_OFFSET, OUT_ADDRESS, OUT_ARRAY, OUT_OFFSET, PID, PROBE_ADDRESS, PROGRESS,
+                         SIGNATURE, call_fields, mismatch_error)
+from .shm_layout import CMA, STAGED, Layouts, F_CMA, F_IN_PLACE, F_IN_SHARED, F_OUT_SHARED
 
 MPI = mpilib.load()
 
-PROGRESS, DONE, SIGNATURE, FLAGS, IN_ARRAY, IN_OFFSET, OUT_ARRAY, OUT_OFFSET, IN_ADDRESS, OUT_ADDRESS, PID, \
-    PROBE_ADDRESS, CMA_OK = range(13)
-CALL_FIELDS = 13  # then one slot per field of the call's signature (see _fields)
-FIELD_NAMES = ("call", "algorithm", "op", "dtype", "count", "options")
-HEADER = 256  # bytes per rank: 19 used slots and room, keeps staging 64-byte aligned
 FIRST_CAPACITY = 1 << 16  # staging bytes per rank of the first window
-_IN_SHARED, _OUT_SHARED, _IN_PLACE, _CMA = 1, 2, 4, 8
 _FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386")
 _KEYWORD_OUT = {np.maximum, np.minimum}
 
@@ -72,34 +68,6 @@ def for_comm(comm):
     return transport
 
 
-class _SharedArray:
-    """One ``collectives.empty`` allocation: a shared window over the node. This rank's part is
-    held weakly (the caller's array keeps it alive); the peers' parts strongly, for reading."""
-
-    def __init__(self, node, ident, nbytes):
-        self.ident, self.nbytes = ident, nbytes
-        self.win = MPI.Win.Allocate_shared(max(nbytes, 1), 1, comm=node)
-        self.me = node.Get_rank()
-        self.parts = []
-        for peer in range(node.Get_size()):
-            memory, _ = self.win.Shared_query(peer)
-            self.parts.append(np.frombuffer(memory, dtype=np.uint8, count=max(nbytes, 1)))
-        mine, self.parts[self.me] = self.parts[self.me], None
-        self.address = mine.ctypes.data
-        self.mine = weakref.ref(mine)
-        self.handed_out = mine  # until allocate() hands it out
-
-    def alive(self):
-        return self.mine() is not None
-
-    def free(self):
-        self.parts = None
-        self.win.Free()
-
-
-_kept = []  # shared arrays still in use when their communicator was released: MPI_Finalize frees them
-
-
 class ShmTransport:
     """The shared-memory transport of one MPI communicator (its ranks on this node)."""
 
@@ -114,10 +82,8 @@ class ShmTransport:
         self.node = MPIComm(comm.node_comm(), _dup=False)
         self.calls = 0
         self.readers = ()  # node peers that read this rank's memory in the last call
-        self.arrays = {}  # ident -> _SharedArray
-        self.layouts = {}  # (plan id, item size, flags) -> (plan, SendLayout, mapped receives)
-        self.receives = {}  # plan id -> (plan, receive order, mapped receives)
-        self.bounds = {}  # (plan id, item size) -> (plan, staging bytes the call needs on any node rank)
+        self.shared = SharedArrays(self.node)  # collectives.empty's arrays
+        self.layouts = Layouts(self.node_ranks)  # per plan: where each message lies, what is mapped
         self.window = None
         self.pid = os.getpid()
         self._probe = np.array([self.pid * 7919 + 12345], np.int64)  # what peers read to try CMA
@@ -158,83 +124,16 @@ class ShmTransport:
         self.window = None
 
     def nbytes_held(self):
-        return (HEADER + self.capacity) + sum(a.nbytes for a in self.arrays.values())
+        return (HEADER + self.capacity) + self.shared.nbytes()
 
     def free(self):
         """Free the window and the shared arrays that no rank uses any more (collective over
         the node); arrays still in use on some rank stay mapped until MPI_Finalize."""
         if self.window is not None:
             self._free_window()
-        _kept.extend(self._free_unused().values())
-        self.arrays = {}
-
-    def _free_unused(self):
-        """Free the shared arrays that no rank of the node uses any more (collective over the
-        node); returns the others."""
-        if not self.arrays:
-            return {}
-        idents = sorted(self.arrays)
-        alive = np.array([self.arrays[i].alive() for i in idents], dtype=np.int32)
-        anywhere = np.empty_like(alive)
-        self.node.mpi_comm.Allreduce(alive, anywhere, op=MPI.MAX)
-        for ident, used in zip(idents, anywhere):
-            if not used:
-                self.arrays.pop(ident).free()
-        return self.arrays
-
-    # shared arrays -------------------------------------------------------------------------------
-    def allocate(self, nbytes):
-        """A uint8 array of ``nbytes`` in node-shared memory (collective over the node)."""
-        self.node.barrier("allocating a shared array")
-        self._free_unused()  # the arrays every rank has dropped since the last allocation
-        ident = len(self.arrays) + 1
-        while ident in self.arrays:
-            ident += 1
-        shared = self.arrays[ident] = _SharedArray(self.node.mpi_comm, ident, nbytes)
-        mine, shared.handed_out = shared.handed_out, None
-        return mine[:nbytes]
-
-    def _locate(self, flat):
-        """(array id, byte offset) of a contiguous buffer inside a shared array, else None."""
-        if not self.arrays:
-            return None
-        address = flat.ctypes.data
-        for ident, shared in self.arrays.items():
-            if shared.address <= address and address + flat.nbytes <= shared.address + shared.nbytes \
-                    and shared.alive():
-                return ident, address - shared.address
-        return None
+        self.shared.release()
 
     # one call ------------------------------------------------------------------------------------
-    def _layout(self, plan, itemsize, flags, plans_of):
-        key = (id(plan), itemsize, flags)
-        found = self.layouts.get(key)
-        if found is None or found[0] is not plan:
-            if len(self.layouts) > 256:
-                self.layouts.clear()
-            on_node = self.node_index.__contains__
-            sender = plan.rank
-
-            def receiver_maps(peer, chan, k):
-                order, mapped = self._receives(plans_of(peer))
-                matching = order.get((sender, chan), ())
-                return k < len(matching) and matching[k] in mapped
-            found = self.layouts[key] = (plan, SendLayout(plan, itemsize, on_node, bool(flags & _IN_SHARED),
-                                                          bool(flags & _OUT_SHARED), bool(flags & _IN_PLACE),
-                                                          bool(flags & _CMA), receiver_maps),
-                                         self._receives(plan)[1])
-        return found[1], found[2]
-
-    def _receives(self, plan):
-        """(receive order, mapped receives) of a plan, cached."""
-        found = self.receives.get(id(plan))
-        if found is None or found[0] is not plan:
-            if len(self.receives) > 256:
-                self.receives.clear()
-            on_node = self.node_index.__contains__
-            found = self.receives[id(plan)] = (plan, receive_order(plan, on_node), mapped_receives(plan, on_node))
-        return found[1], found[2]
-
     def run(self, plan, plans_of, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, signature, tag):
         """Run ``plan`` with its on-node messages through shared memory. ``plans_of(rank)`` gives
         any rank's plan of this call (a receiver lays out its senders' staging from them)."""
@@ -243,37 +142,29 @@ class ShmTransport:
         itemsize = outbuf.itemsize
         dtype = outbuf.dtype
         in_place = inbuf is outbuf
-        flags = (_IN_PLACE if in_place else 0) | (_CMA if self.cma else 0)
-        in_at = self._locate(inbuf)
-        out_at = in_at if in_place else self._locate(outbuf)
+        flags = (F_IN_PLACE if in_place else 0) | (F_CMA if self.cma else 0)
+        in_at = self.shared.locate(inbuf)
+        out_at = in_at if in_place else self.shared.locate(outbuf)
         if in_at is not None:
-            flags |= _IN_SHARED
+            flags |= F_IN_SHARED
         if out_at is not None:
-            flags |= _OUT_SHARED
-        layout, mapped = self._layout(plan, itemsize, flags, plans_of)
+            flags |= F_OUT_SHARED
+        layout, mapped = self.layouts.of(plan, itemsize, flags, plans_of)
         call = self.calls + 1
         sig = zlib.crc32(signature.encode())
         limit = config.timeout()
         # the staging of the last call may still be read: wait for its readers to finish it
         if self.readers:
             self._wait_done(self.readers, call - 1, what, limit, sig, tag)
-        need = self._bound(plan, plans_of, itemsize)
+        need = self.layouts.bound(plan, plans_of, itemsize)
         need = need if need > self.capacity else 0
-        header = self.header
-        header[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)] = _fields(signature)
-        header[SIGNATURE], header[FLAGS] = sig, flags
-        header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
-        header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
-        header[IN_ADDRESS], header[OUT_ADDRESS] = inbuf.ctypes.data, outbuf.ctypes.data
-        header[PROGRESS] = call << 32  # this call has begun: its fields can be compared
+        fields = call_fields(signature)
+        self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf)
+        self.header[PROGRESS] = call << 32  # this call has begun: its fields can be compared
         if need:
             self._agree_and_grow(need, sig, call, what, limit)
-            header = self.header
-            header[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)] = _fields(signature)
-            header[SIGNATURE], header[FLAGS] = sig, flags
-            header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
-            header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
-            header[IN_ADDRESS], header[OUT_ADDRESS] = inbuf.ctypes.data, outbuf.ctypes.data
+            self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf)  # into the new window
+        header = self.header
         base = call << 32
         header[PROGRESS] = base
         self.calls = call
@@ -343,18 +234,13 @@ class ShmTransport:
         if layout.direct:  # the caller may write its shared array next: its readers must be done
             self._wait_done(self.readers, call, what, limit, sig, tag)
 
-    def _bound(self, plan, plans_of, itemsize):
-        """The most staging any node rank needs for this call (the same figure on every rank, so
-        that all decide together to grow the window)."""
-        key = (id(plan), itemsize)
-        found = self.bounds.get(key)
-        if found is None or found[0] is not plan:
-            if len(self.bounds) > 256:
-                self.bounds.clear()
-            on_node = self.node_index.__contains__
-            found = self.bounds[key] = (plan, max(staging_bound(plans_of(peer), itemsize, on_node)
-                                                  for peer in self.node_ranks))
-        return found[1]
+    def _publish_call(self, fields, sig, flags, in_at, out_at, inbuf, outbuf):
+        header = self.header
+        header[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)] = fields
+        header[SIGNATURE], header[FLAGS] = sig, flags
+        header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
+        header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
+        header[IN_ADDRESS], header[OUT_ADDRESS] = inbuf.ctypes.data, outbuf.ctypes.data
 
     def _source(self, sources, peer, chan, dtype):
         entry = sources[(peer, chan)]
@@ -368,7 +254,7 @@ class ShmTransport:
         if mode == CMA:  # (pid, address): read by the caller
             return at["pid"], at["address"][b] + lo * dtype.itemsize
         ident, start = at[b]
-        part = self.arrays[ident].parts[index]
+        part = self.shared.arrays[ident].parts[index]
         return part[start + lo * dtype.itemsize:start + hi * dtype.itemsize].view(dtype)
 
     def _wait_steps(self, pending, sources, plans_of, itemsize, call, sig, what, limit, tag, requests):
@@ -397,7 +283,7 @@ class ShmTransport:
         self._wait({peer: call << 32}, call, sig, what, limit, tag, ())
         h = self.headers[self.node_index[peer]]
         flags = int(h[FLAGS])
-        layout, _ = self._layout(plans_of(peer), itemsize, flags, plans_of)
+        layout, _ = self.layouts.of(plans_of(peer), itemsize, flags, plans_of)
         at = {IN: (int(h[IN_ARRAY]), int(h[IN_OFFSET])), OUT: (int(h[OUT_ARRAY]), int(h[OUT_OFFSET])),
               "pid": int(h[PID]), "address": {IN: int(h[IN_ADDRESS]), OUT: int(h[OUT_ADDRESS])}}
         return [0, layout.to.get((me, chan), []), at]
@@ -468,17 +354,12 @@ class ShmTransport:
             os.sched_yield()
         rows = {r: [int(v) for v in h[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)]]
                 for r, h in zip(self.node_ranks, self.headers) if int(h[PROGRESS]) >> 32 == call}
-        for slot, field in enumerate(FIELD_NAMES):
-            values = {r: row[slot] for r, row in rows.items()}
-            if len(set(values.values())) > 1:
-                groups = {}
-                for r, v in values.items():
-                    groups.setdefault(v, []).append(r)
-                detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: "
-                                   f"{_show(field, v)}" for v, rs in groups.items())
-                return MismatchError(f"{what}: ranks disagree on {field} ({detail})")
-        differ = [r for r, h in zip(self.node_ranks, self.headers) if int(h[SIGNATURE]) != int(self.header[SIGNATURE])]
-        return MismatchError(foreign_message(what, differ[0] if differ else self.comm.rank))
+        error = mismatch_error(what, rows)
+        if error is None:
+            mine = int(self.header[SIGNATURE])
+            differ = [r for r, h in zip(self.node_ranks, self.headers) if int(h[SIGNATURE]) != mine]
+            error = MismatchError(foreign_message(what, differ[0] if differ else self.comm.rank))
+        return error
 
     def _agree_and_grow(self, need, sig, call, what, limit):
         """Grow the staging of every node rank to ``need`` bytes, once all show this call with
@@ -497,36 +378,6 @@ class ShmTransport:
         self._grow(max(need, 2 * self.capacity))
 
 
-def _fields(signature):
-    """The header's slots for a call's signature ``kind|algorithm|op|dtype|count|options``:
-    the count as it is, the dtype's type character, the rest as checksums."""
-    parts = (signature or "").split("|", len(FIELD_NAMES) - 1)
-    parts += [""] * (len(FIELD_NAMES) - len(parts))
-    slots = [zlib.crc32(part.encode()) for part in parts]
-    count = FIELD_NAMES.index("count")
-    slots[count] = int(parts[count]) if parts[count].isdigit() else -1
-    dtype = FIELD_NAMES.index("dtype")
-    try:
-        slots[dtype] = ord(np.dtype(parts[dtype]).char)
-    except TypeError:
-        pass
-    return slots
-
-
-def _show(field, value):
-    if field == "count":
-        return str(value)
-    if field == "dtype" and 0 < value < 128:
-        return np.dtype(chr(value)).name
-    if field == "op":
-        from ..ops import OPS
-
-        for name in OPS:
-            if zlib.crc32(name.encode()) == value:
-                return name
-    return f"#{value:08x}"
-
-
 def _operand(bufs, views, buf, lo, n):
     if views is not None and buf == TMP:
         for vlo, vhi, source in views:
@@ -542,5 +393,5 @@ def shared_empty(comm, shape, dtype):
     count = int(np.prod(shape, dtype=np.int64))
     if not available(comm):
         return np.empty(shape, dtype)
-    raw = for_comm(comm).allocate(count * dtype.itemsize)
+    raw = for_comm(comm).shared.allocate(count * dtype.itemsize)
     return raw.view(dtype).reshape(shape)

@@ -2,6 +2,8 @@
 node's shared memory gives the same bits (the plan fixes every reduction's order), in place and
 out of place, on ordinary and on shared arrays (``collectives.empty``); the choice of transport,
 its environment variables and its errors. Run by tests/run_all.py at N = 1..4 ranks."""
+import logging
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 WORLD = MPI.COMM_WORLD
 OPTIONS = {"tree": {"segment_bytes": 256}, "double_binary_tree": {"segment_bytes": 256},
            "hierarchical_copy": {"group_size": 2}, "reduce_to_one": {"root": WORLD.size - 1}}
-COUNTS = (1, WORLD.size + 1, 5003, 40_000)  # the last past SHM_MIN_BYTES in float64
+COUNTS = (1, WORLD.size + 1, 5003, 40_000)  # past a prepared program's 16 KiB from 5003 float64
 
 
 def agree(ok, message):
@@ -98,11 +100,11 @@ def test_shared_arrays_live_in_node_memory_and_go_with_their_users():
     ok = array.shape == (3, 5) and array.dtype == np.int32 and zeros.shape == (4,) and not zeros.any()
     if shm_transport.available(ours):
         transport = shm_transport.for_comm(ours)
-        held = len(transport.arrays)
+        held = len(transport.shared.arrays)
         ok = ok and held == 2
         del array
         kept = collectives.empty(1, comm=comm)  # the next allocation frees what every rank dropped
-        ok = ok and len(transport.arrays) == 2 and kept.size == 1  # the zeros and the new one
+        ok = ok and len(transport.shared.arrays) == 2 and kept.size == 1  # the zeros and the new one
     comm.Free()
     agree(ok, "shared arrays: wrong shape, or a dropped one still held")
 
@@ -150,3 +152,18 @@ def test_without_cross_memory_attach_the_copies_stage(monkeypatch):
     ok = uses_cma is False and np.array_equal(y, want) and identical_everywhere(y)
     comm.Free()
     agree(ok, f"COLLECTIVES_CMA=0: cma {uses_cma}, or a wrong result")
+
+
+def test_debug_names_each_shapes_transport_and_why(monkeypatch, caplog):
+    monkeypatch.setenv("COLLECTIVES_DEBUG", "INFO")
+    comm = WORLD.Dup()
+    with caplog.at_level(logging.INFO, logger="collectives"):
+        collectives.allreduce(np.ones(1000, np.float32), comm=comm, algorithm="ring")
+        collectives.allreduce(np.ones(SHM_MIN_BYTES // 4, np.float32), comm=comm, algorithm="ring")
+    lines = [r.getMessage() for r in caplog.records if "-> transport" in r.getMessage()]
+    comm.Free()
+    on_node = shm_transport.available(collectives.as_comm(WORLD))
+    small = [line for line in lines if "4000 bytes with ring -> transport mpi (4000 B < SHM_MIN_BYTES" in line]
+    large = [line for line in lines if f"{SHM_MIN_BYTES} bytes with ring -> transport "
+             + ("shm (peers on this node" if on_node else "mpi (") in line]
+    agree(len(small) == 1 and len(large) == 1 if WORLD.size > 1 else True, f"transport lines {lines}")
