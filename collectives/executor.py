@@ -3,7 +3,7 @@ from functools import partial
 
 import numpy as np
 
-from .plan import COPY, FINAL, IN, OUT, REDUCE, NCHANNELS
+from .plan import COPY, FINAL, REDUCE, NCHANNELS, copy_is_noop
 
 
 class StepName:
@@ -51,8 +51,8 @@ def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=N
                 _, dst, dlo, a, alo, b, blo, n = op
                 reduce_fn(bufs[a][alo:alo + n], bufs[b][blo:blo + n], out=bufs[dst][dlo:dlo + n])
             elif kind == COPY:
-                _, dst, dlo, src, slo, n = op
-                if not (in_place and dlo == slo and {dst, src} == {IN, OUT}):
+                if not copy_is_noop(op, in_place):
+                    _, dst, dlo, src, slo, n = op
                     bufs[dst][dlo:dlo + n] = bufs[src][slo:slo + n]
             elif kind == FINAL and final_fn is not None:
                 _, buf, lo, n = op
@@ -116,7 +116,7 @@ class Program:
                                              bufs[dst][dlo:dlo + n]))
                 elif kind == COPY:
                     _, dst, dlo, src, slo, n = op
-                    if not (in_place and dlo == slo and {dst, src} <= {IN, OUT}):
+                    if not copy_is_noop(op, in_place):
                         calls.append(partial(self.copyto, bufs[dst][dlo:dlo + n], bufs[src][slo:slo + n]))
                 elif kind == FINAL and self.final_fn is not None:
                     _, buf, lo, n = op

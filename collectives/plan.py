@@ -12,19 +12,31 @@ Buffers are named by small integers:
 - ``OUT`` the caller's receive buffer,
 - ``TMP`` scratch of ``plan.tmp_count`` elements, owned by the library and reused.
 
-A message is ``(peer, buf, lo, hi, chan)``: elements ``lo:hi`` of a buffer, on a
+A message is ``Message(peer, buf, lo, hi, chan)``: elements ``lo:hi`` of a buffer, on a
 channel. Messages between one pair of ranks on one channel match in the order
 they are posted (MPI's non-overtaking rule), so plans that interleave two
 streams between the same pair (two trees, say) give each its own channel.
 
-Local operations:
+Local operations (their first field, ``kind``, tells them apart):
 
-- ``(REDUCE, dst, dlo, a, alo, b, blo, n)``: ``dst[dlo:dlo+n] = a[alo:alo+n] (op) b[blo:blo+n]``;
+- ``Reduce(REDUCE, dst, dlo, a, alo, b, blo, n)``: ``dst[dlo:dlo+n] = a[alo:alo+n] (op) b[blo:blo+n]``;
   ``a`` is the left operand, so a plan fixes the order of every reduction and all
   ranks can end bitwise identical,
-- ``(COPY, dst, dlo, src, slo, n)``,
-- ``(FINAL, buf, lo, n)``: the region now holds the complete reduction; ``avg``
+- ``Copy(COPY, dst, dlo, src, slo, n)``: a no-op where ``copy_is_noop`` says so (the same
+  region, or IN and OUT at one offset when the call runs in place),
+- ``Final(FINAL, buf, lo, n)``: the region now holds the complete reduction; ``avg``
   divides it by the world size here, other ops do nothing.
+
+These are named tuples, defined once here. ``PlanBuilder``'s calls (``send``, ``recv``,
+``reduce``, ``copy``, ``final``) make them, with ``tuple.__new__(Message, (...))`` (no
+Python-level ``__new__``). The bulk paths of ``phases`` (``PlanBuilder.add_step``: ring steps,
+pipelined trees), which make nearly all of a large plan's entries, pass plain tuples of the
+same fields: named tuples there made ring and tree plans 20-60% slower to build at 1,024-16,384
+ranks (benchmarks/plan_build.py), partly from their construction, mostly from the garbage
+collector, which stops tracking a plain tuple of ints but never a tuple subclass. So every
+reader unpacks plan entries by position (the executor's hot loops do anyway), a plan written
+by hand with plain tuples runs the same, and ``typed(step)`` gives any step with named entries
+(for printing and tests).
 
 Rules a plan keeps (the symbolic check in ``collectives.simulate`` enforces them):
 ``IN`` is never written; an element of ``IN`` is never read after the same element
@@ -41,6 +53,35 @@ NCHANNELS = 8
 
 Step = namedtuple("Step", "sends recvs local")
 Step.__doc__ = "Messages posted together, then local operations: see the module docstring."
+Message = namedtuple("Message", "peer buf lo hi chan")
+Message.__doc__ = "Elements lo:hi of buffer ``buf``, sent to or received from ``peer`` on channel ``chan``."
+Reduce = namedtuple("Reduce", "kind dst dlo a alo b blo n")
+Reduce.__doc__ = "``kind`` REDUCE: dst[dlo:dlo+n] = a[alo:alo+n] (op) b[blo:blo+n], ``a`` the left operand."
+Copy = namedtuple("Copy", "kind dst dlo src slo n")
+Copy.__doc__ = "``kind`` COPY: dst[dlo:dlo+n] = src[slo:slo+n] (nothing where ``copy_is_noop``)."
+Final = namedtuple("Final", "kind buf lo n")
+Final.__doc__ = "``kind`` FINAL: buf[lo:lo+n] is complete (``avg`` divides it here)."
+
+
+_OPS = {REDUCE: Reduce, COPY: Copy, FINAL: Final}
+
+
+def typed(step):
+    """``step`` with every message a ``Message`` and every local operation a ``Reduce``, ``Copy``
+    or ``Final`` (entries are plain tuples where the bulk paths made them)."""
+    sends, recvs, local = step
+    return Step(tuple(Message._make(m) for m in sends), tuple(Message._make(m) for m in recvs),
+                tuple(_OPS[op[0]]._make(op) for op in local))
+
+
+def copy_is_noop(op, in_place):
+    """Whether the COPY ``op`` writes nothing: it copies a region onto itself, or, when the call
+    runs in place (IN is OUT), copies between IN and OUT at one offset. Every runner of plans
+    (executor, prepared programs, the shared-memory transport, the TensorFlow bridge, the
+    symbolic check) skips exactly these. The fields may be NumPy arrays (``in_place`` a bool):
+    the answer is then elementwise."""
+    _, dst, dlo, src, slo, _ = op
+    return (dlo == slo) & ((dst == src) | (in_place & (((dst == IN) & (src == OUT)) | ((dst == OUT) & (src == IN)))))
 
 
 class Plan:
@@ -119,7 +160,7 @@ def max_width(bounds):
 
 
 _EMPTY = Step((), (), ())
-_new_step = tuple.__new__  # Step(...) without the namedtuple's Python-level __new__
+_new = _new_step = tuple.__new__  # Step(...) etc. without the namedtuple's Python-level __new__
 
 
 class PlanBuilder:
@@ -205,17 +246,17 @@ class PlanBuilder:
         if hi > lo:
             self._is_open = True
             if self._sends is None:
-                self._sends = [(peer, buf, lo, hi, chan)]
+                self._sends = [_new(Message, (peer, buf, lo, hi, chan))]
             else:
-                self._sends.append((peer, buf, lo, hi, chan))
+                self._sends.append(_new(Message, (peer, buf, lo, hi, chan)))
 
     def recv(self, peer, buf, lo, hi, chan=0):
         if hi > lo:
             self._is_open = True
             if self._recvs is None:
-                self._recvs = [(peer, buf, lo, hi, chan)]
+                self._recvs = [_new(Message, (peer, buf, lo, hi, chan))]
             else:
-                self._recvs.append((peer, buf, lo, hi, chan))
+                self._recvs.append(_new(Message, (peer, buf, lo, hi, chan)))
 
     def _add_local(self, op):
         self._is_open = True
@@ -226,17 +267,17 @@ class PlanBuilder:
 
     def reduce(self, dst, dlo, a, alo, b, blo, n):
         if n > 0:
-            self._add_local((REDUCE, dst, dlo, a, alo, b, blo, n))
+            self._add_local(_new(Reduce, (REDUCE, dst, dlo, a, alo, b, blo, n)))
 
     def copy(self, dst, dlo, src, slo, n):
         # An OUT <- IN copy at one offset stays in the plan: it is a no-op only when the
-        # call runs in place, and the executor skips it then.
+        # call runs in place, and runners skip it then (copy_is_noop).
         if n > 0 and not (dst == src and dlo == slo):
-            self._add_local((COPY, dst, dlo, src, slo, n))
+            self._add_local(_new(Copy, (COPY, dst, dlo, src, slo, n)))
 
     def final(self, buf, lo, n):
         if n > 0:
-            self._add_local((FINAL, buf, lo, n))
+            self._add_local(_new(Final, (FINAL, buf, lo, n)))
 
     # scratch
     def scratch(self, n):

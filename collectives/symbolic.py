@@ -18,7 +18,7 @@ from ._static import StaticChecks
 from .atoms import real_element
 from ._symbols import _ENGINES, _Exact, _Fingerprint, _expand
 from .flat import _Flat
-from .plan import BUFFER_NAMES, COPY, FINAL, IN, OUT, REDUCE, TMP, PlanError
+from .plan import BUFFER_NAMES, COPY, FINAL, IN, OUT, REDUCE, TMP, PlanError, copy_is_noop
 
 # All ranks' buffers live in one flat array of symbolic elements (``_symbols``). The check runs
 # in waves: every rank that has reached a step posts its sends (a snapshot of the regions, as a
@@ -233,7 +233,7 @@ class _Verifier(StaticChecks):
                     self.step_of = f.l_step
             return
         kind = f.l_kind[ids]
-        noop = (kind == COPY) & (f.l_dst[ids] == OUT) & (f.l_a[ids] == IN) & (f.l_dlo[ids] == f.l_alo[ids])
+        noop = (kind == COPY) & copy_is_noop((COPY, f.l_dst[ids], f.l_dlo[ids], f.l_a[ids], f.l_alo[ids], None), True)
         for code, addr, lo in ((f.l_a, self.l_a, f.l_alo), (f.l_b, self.l_b, f.l_blo)):
             sel = ids[(code[ids] == IN) & (kind != FINAL) & ~noop]
             if sel.size:
@@ -366,7 +366,7 @@ class _Verifier(StaticChecks):
         if self.written is not None:
             if kind == COPY:  # in place, an OUT <- IN copy at one offset is skipped: nothing written
                 f = self.f
-                keep = ~((f.l_dst[ids] == OUT) & (f.l_a[ids] == IN) & (f.l_dlo[ids] == f.l_alo[ids]))
+                keep = ~copy_is_noop((COPY, f.l_dst[ids], f.l_dlo[ids], f.l_a[ids], f.l_alo[ids], None), True)
                 dst = _expand(self.l_dst[ids[keep]], n[keep], self.index)
             self.written[dst] = True
 

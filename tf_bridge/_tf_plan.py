@@ -30,7 +30,7 @@ import tensorflow as tf
 
 _algorithms = importlib.import_module("collectives.algorithms")  # the package's name is shadowed by a function
 from collectives import config as _config
-from collectives.plan import COPY, OUT, REDUCE
+from collectives.plan import COPY, OUT, REDUCE, copy_is_noop
 
 from . import _tf_internals as _tfi
 
@@ -293,7 +293,7 @@ def allreduce_tf(inputs, devices, algorithm, options):
                     if op[0] == REDUCE:
                         _, dst, dlo, a, alo, b, blo, n = op
                         mine[dst].write(dlo, builder.add(r, mine[a].read(alo, alo + n), mine[b].read(blo, blo + n)))
-                    elif op[0] == COPY:
+                    elif op[0] == COPY and not copy_is_noop(op, False):  # IN and OUT are apart here
                         _, dst, dlo, src, slo, n = op
                         mine[dst].write(dlo, mine[src].read(slo, slo + n))
                     # FINAL: nothing to do for a sum
