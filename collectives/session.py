@@ -10,6 +10,7 @@ Plans are pure data that depend on the call's shape (algorithm, world size, rank
 size, options), never on a communicator, so every session shares one bounded store of them:
 threaded worlds made per call (``run_threaded``) and split communicators reuse them.
 """
+import threading
 import weakref
 from collections import OrderedDict
 
@@ -17,6 +18,7 @@ CACHE_SIZE = 512  # plans and programs kept per communicator (least recently use
 
 _sessions = weakref.WeakSet()  # every live session, for clear_caches()
 _plans = OrderedDict()  # plan key -> Plan, shared by every session (plans hold no communicator)
+_plans_lock = threading.Lock()  # threaded worlds and progress threads share the store
 
 
 class Session:
@@ -33,13 +35,16 @@ class Session:
     def plan(key, make):
         """The plan for ``key`` (the call's shape), made by ``make()`` on first use."""
         plans = _plans
-        found = plans.get(key)
-        if found is None:
-            found = plans[key] = make()
+        with _plans_lock:
+            found = plans.get(key)
+            if found is not None:
+                plans.move_to_end(key)
+                return found
+        made = make()  # outside the lock: building may take a while, and two builds agree
+        with _plans_lock:
+            found = plans.setdefault(key, made)
             if len(plans) > CACHE_SIZE:
                 plans.popitem(last=False)
-        else:
-            plans.move_to_end(key)
         return found
 
     def program(self, key, make):

@@ -105,7 +105,7 @@ def test_control_case_succeeds_on_every_rank():
 # the headers every rank publishes before its data and names the field instead
 def _mismatch_pattern(algorithm, field="count"):
     if algorithm == "shm":
-        return rf"MismatchError: allreduce\(shm\): ranks disagree on {field} \((rank \d|ranks \d(, \d)*): "
+        return rf"MismatchError: allreduce\(shm\)( step \d+/\d+)?: ranks disagree on {field} \((rank \d|ranks \d(, \d)*): "
     return rf"MismatchError: allreduce\({algorithm}\) step \d+/\d+: ((a )?message from rank|rank \d sent a message of another call)"
 
 
@@ -140,7 +140,7 @@ def test_shm_mismatch_raises_the_same_error_on_every_rank_without_check(case, n,
     code, out, seconds = launch(case, n, algorithm="shm", env={"COLLECTIVES_ON_ERROR": "raise"})
     assert_failed_loudly(code, out, seconds)
     for rank in range(n):
-        line = re.search(rf"SCENARIO-ERROR rank {rank}: MismatchError: allreduce\(shm\): "
+        line = re.search(rf"SCENARIO-ERROR rank {rank}: MismatchError: allreduce\(shm\)( step \d+/\d+)?: "
                          rf"ranks disagree on {field} \([^\n]*{detail}", out)
         assert line, f"rank {rank} did not name {field} and {detail!r}\n{out}"
     assert "SCENARIO-BARRIER-TIMEOUT" not in out, out

@@ -91,3 +91,8 @@ def test_no_import_cycles_at_module_level():
         if node not in state:
             visit(node, [node])
     assert not cycles, cycles
+
+
+def test_every_library_module_stays_under_400_lines():
+    long = {m: n for m, path in MODULES.items() if (n := sum(1 for _ in open(path))) >= 400}
+    assert not long, f"modules of 400 lines or more: {long}"

@@ -1,18 +1,13 @@
 """The shared-memory transport: a plan's messages between ranks of one node, through memory.
 
 Any algorithm's plan runs over it unchanged; only how a message travels differs. Each rank of a
-node owns a segment of one MPI-3 shared window (``Win.Allocate_shared`` over the node's ranks):
-a header of counters, then a staging area. Where a plan says "send", the sender copies the
-region into its staging area (or, for a shared array made by ``collectives.empty``, leaves it
-where it is: see shm_layout) and raises its progress counter; where the plan says "receive",
-the receiver waits for that counter and reads the peer's memory: one copy, or none at all when
-the step's own reduction reads the peer's memory in place of scratch. Messages to ranks on
-other hosts still go through MPI in the same step (a mixed step polls both).
-
-Each rank's header (shm_header) says how far it is and where its buffers lie; a receiver builds
-the sender's plan (shared plan store), lays it out with the sender's flags (shm_layout), and so
-knows where every message lies. A message the receiver only copies may be read straight out of
-the sender's buffer by cross-memory attach (cma), so the sender stages nothing.
+node owns a segment of one MPI-3 shared window: a header (shm_header: how far it is, where its
+buffers lie), then a staging area. A send copies the region into staging (or nothing, where
+shm_layout finds the receiver can read it in place: a shared array, or the sender's buffer by
+cross-memory attach) and raises a progress counter; a receive waits for that counter and copies
+from the peer's memory, or nothing when the step's own reduction reads it in place of scratch.
+A receiver lays its senders' plans out with their flags, so it knows where every message lies.
+Messages to ranks on other hosts still go through MPI in the same step (a mixed step polls both).
 
 Reuse: staging offsets are never reused within a call; before a rank writes its staging for
 call c, every peer that read it in call c-1 has finished c-1 (its DONE), and before a call
@@ -23,8 +18,9 @@ once every rank shows the call and all agree on it.
 
 Errors: a wait runs to COLLECTIVES_TIMEOUT and names the silent ranks; a peer whose header
 shows another call's signature (or whose MPI messages belong to another call) raises
-MismatchError naming the field on which the ranks disagree. Ordering: on x86-64 stores are seen in program order, so a counter raised after
-the data's copy is enough; elsewhere ``Win.Sync`` (a memory barrier) runs around it.
+MismatchError naming the field on which the ranks disagree. Ordering: on x86-64 stores are seen
+in program order, so a counter raised after the data's copy is enough; elsewhere ``Win.Sync``
+(a memory barrier) runs around it.
 """
 import os
 import platform
@@ -83,6 +79,7 @@ class ShmTransport:
         self.calls = 0
         self.readers = ()  # node peers that read this rank's memory in the last call
         self.shared = SharedArrays(self.node)  # collectives.empty's arrays
+        self.signatures = {}  # a call's signature -> (its checksum, its header fields)
         self.layouts = Layouts(self.node_ranks)  # per plan: where each message lies, what is mapped
         self.window = None
         self.pid = os.getpid()
@@ -151,14 +148,18 @@ class ShmTransport:
             flags |= F_OUT_SHARED
         layout, mapped = self.layouts.of(plan, itemsize, flags, plans_of)
         call = self.calls + 1
-        sig = zlib.crc32(signature.encode())
+        signed = self.signatures.get(signature)
+        if signed is None:
+            if len(self.signatures) > 1024:
+                self.signatures.clear()
+            signed = self.signatures[signature] = (zlib.crc32(signature.encode()), call_fields(signature))
+        sig, fields = signed
         limit = config.timeout()
         # the staging of the last call may still be read: wait for its readers to finish it
         if self.readers:
             self._wait_done(self.readers, call - 1, what, limit, sig, tag)
         need = self.layouts.bound(plan, plans_of, itemsize)
         need = need if need > self.capacity else 0
-        fields = call_fields(signature)
         self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf)
         self.header[PROGRESS] = call << 32  # this call has begun: its fields can be compared
         if need:
@@ -195,8 +196,10 @@ class ShmTransport:
             # shared-memory receives: wait for the sender's step, then copy or map
             views = None
             pending = [(r, m) for r, m in enumerate(recvs) if m[0] in on_node]
+            if pending or requests:
+                at = f"{what} step {index + 1}/{len(plan.steps)}"  # as the executor names a step
             if pending:
-                self._wait_steps(pending, sources, plans_of, itemsize, call, sig, what, limit, tag, requests)
+                self._wait_steps(pending, sources, plans_of, itemsize, call, sig, at, limit, tag, requests)
                 for r, (peer, b, lo, hi, chan) in pending:
                     source = self._source(sources, peer, chan, dtype)
                     if source.__class__ is tuple:  # cross-memory attach: one copy out of the peer
@@ -208,7 +211,7 @@ class ShmTransport:
                     else:
                         np.copyto(bufs[b][lo:hi], source)
             if requests:
-                comm.waitall(requests, what)
+                comm.waitall(requests, at)
             # local operations, reading mapped receives from the peer's memory
             for op in local:
                 kind = op[0]
@@ -302,8 +305,8 @@ class ShmTransport:
             left = []
             for peer, need, h in waiting:
                 progress = int(h[PROGRESS])
-                if progress >> 32 == call and h[SIGNATURE] != sig:
-                    raise self._mismatch(what, call)
+                if progress >> 32 == call and h[SIGNATURE] != sig:  # the call's error, not a step's
+                    raise self._mismatch(what.split(" step ")[0], call)
                 if progress < need:
                     left.append((peer, need, h))
             if not left:
@@ -329,11 +332,7 @@ class ShmTransport:
 
     def _wait_done(self, peers, call, what, limit, sig, tag):
         headers, index = self.headers, self.node_index
-        waiting = [p for p in peers if headers[index[p]][DONE] < call]
-        if not waiting:
-            return
-        start = time.monotonic()
-        spins = 0
+        waiting, start, spins = peers, time.monotonic(), 0
         while waiting:
             waiting = [p for p in waiting if headers[index[p]][DONE] < call]
             spins += 1

@@ -4,6 +4,7 @@ path; COLLECTIVES_CHECK names the field on every rank; mismatched sizes end as e
 every rank under COLLECTIVES_ON_ERROR=raise. Verdicts are agreed across ranks before asserting,
 and no test leaves a rank waiting."""
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -259,7 +260,8 @@ def _shm_mismatch(comm, make, field):
         return False, "returned a result", ""
     except collectives.MismatchError as exc:
         text = str(exc)
-        if not text.startswith(f"allreduce(shm): ranks disagree on {field} (") or "rank 1: " not in text:
+        if not re.match(rf"allreduce\(shm\)( step \d+/\d+)?: ranks disagree on {field} \(", text) \
+                or "rank 1: " not in text:
             return False, f"wrong message: {text}", text
         return True, "", text
     except Exception as exc:  # noqa: BLE001
