@@ -294,7 +294,7 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     if name != algorithm and options:  # forced or chosen: keep only the options it takes
         options = {k: v for k, v in options.items() if k in module.OPTIONS}
     reduce_fn, final_fn = _ufuncs(op, dtype, backend, comm.size)
-    params = _algorithms.plan_params(module, options, comm) if (options or module.OPTIONS) else {}
+    params = _algorithms.resolve(module, options, comm.hosts, comm.size)[1]
     count = sendbuf.size
     key = ("allreduce", name, comm.size, comm.rank, count, dtype.itemsize, tuple(sorted(params.items())))
     plan = comm.session.plan(key, lambda: module.build(comm.rank, comm.size, count, itemsize=dtype.itemsize,

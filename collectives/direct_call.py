@@ -35,7 +35,7 @@ def _check_recvbuf(sendbuf, recvbuf, backend):
 
 def _plan(comm, name, count, dtype, options):
     module = _algorithms.get(name)
-    params = _algorithms.plan_params(module, options, comm) if (options or module.OPTIONS) else {}
+    params = _algorithms.resolve(module, options, comm.hosts, comm.size)[1]
     key = ("allreduce", name, comm.size, comm.rank, count, dtype.itemsize, tuple(sorted(params.items())))
     plan = comm.session.plan(key, lambda: module.build(comm.rank, comm.size, count, itemsize=dtype.itemsize,
                                                        **params))

@@ -5,7 +5,6 @@ both read the plans of all ranks as flat numpy arrays: steps numbered globally, 
 post order with their matching message on the other side, local operations.
 """
 import operator
-import types
 from itertools import chain
 
 import numpy as np
@@ -23,17 +22,18 @@ def algorithm_module(algorithm):
     return algorithm
 
 
-def _params(module, ranks, options, topology):
-    from .algorithms._options import normalize
+def _hosts(ranks, topology):
+    """The ranks of each node of a simulated ``topology`` (None: one node)."""
+    if topology is None:
+        return (tuple(range(ranks)),)
+    members = {}
+    for rank, node in enumerate(topology.nodes(ranks).tolist()):
+        members.setdefault(node, []).append(rank)
+    return tuple(tuple(m) for m in members.values())
 
-    opts = normalize(module.NAME, module.OPTIONS, options)
-    if hasattr(module, "check"):
-        module.check(opts, ranks)
-    if hasattr(module, "resolve"):
-        fake = types.SimpleNamespace(size=ranks, node_colors=lambda: tuple(
-            (topology.node(r) if topology else 0) for r in range(ranks)))
-        opts = module.resolve(opts, fake)
-    return opts
+
+def _params(module, ranks, options, topology):
+    return _registry.resolve(module, options, lambda: _hosts(ranks, topology), ranks)[1]
 
 
 def build_plan(algorithm, rank, ranks, count, itemsize=4, topology=None, **options):

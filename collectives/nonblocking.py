@@ -163,10 +163,8 @@ def _validate(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope
         raise ValueError(f"iallreduce takes host (NumPy) arrays, got {type(sendbuf).__name__}")
     check_op_dtype(op, sendbuf.dtype)
     if algorithm != "auto":
-        module = algorithms.get(algorithm)
         opts = {k: v for k, v in options.items() if k != "transport"}
-        if opts or module.OPTIONS:
-            algorithms.plan_params(module, opts, comm)
+        algorithms.resolve(algorithm, opts, comm.hosts, comm.size)
     if recvbuf is not None and recvbuf is not sendbuf and (
             not isinstance(recvbuf, np.ndarray) or recvbuf.shape != sendbuf.shape or recvbuf.dtype != sendbuf.dtype):
         raise ValueError(f"recvbuf must match sendbuf: got shape {getattr(recvbuf, 'shape', None)} dtype "

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 _algorithms = importlib.import_module("collectives.algorithms")  # the package's name is shadowed by a function
 from collectives import config as _config
+from collectives.comm.base import Communicator
 from collectives.plan import COPY, OUT, REDUCE, copy_is_noop
 
 from . import _tf_internals as _tfi
@@ -40,36 +41,24 @@ SMALL_PIECE = 4096  # elements: consecutive pieces smaller than this are concate
 _plans = {}
 
 
-class _LocalWorld:
-    """What ``plan_params`` and ``select.choose`` read from a communicator: k ranks, one node."""
-
-    mpi_comm = None
-
-    def __init__(self, size):
-        self.size = size
-        self.rank = 0
-
-    def node_colors(self):
-        return (0,) * self.size
-
-
 def resolve_algorithm(algorithm, options, size, nbytes, dtype):
-    """(algorithm name, plan parameters) exactly as ``collectives.allreduce`` would choose them."""
-    world = _LocalWorld(size)
+    """(algorithm name, plan parameters) exactly as ``collectives.allreduce`` would choose them
+    for ``size`` ranks on one node."""
     forced = _config.forced_algorithm()
     if forced is not None:
         name = forced
     elif algorithm == "auto":
         from collectives.select import choose
 
+        world = Communicator()  # what choose reads of a communicator: its size, one node, no MPI
+        world.size = size
         name = choose(world, nbytes, dtype)
     else:
         name = algorithm
     module = _algorithms.get(name)
     if name != algorithm and options:
         options = {k: v for k, v in options.items() if k in module.OPTIONS}
-    params = _algorithms.plan_params(module, options, world) if (options or module.OPTIONS) else {}
-    return name, params
+    return name, _algorithms.resolve(module, options, (tuple(range(size)),))[1]
 
 
 def plans_for(name, params, size, count, itemsize):

@@ -2,8 +2,9 @@
 
 A module provides ``NAME``, ``OPTIONS`` (name -> Option), ``build(rank, size,
 count, itemsize, **params) -> Plan`` and ``cost(p, nbytes, alpha, beta, gamma,
-**options)``; optionally ``resolve(options, comm)`` (options that need the
-communicator, such as node groups), ``check(options, size)``, and ``TRANSPORT``
+**options)``; optionally ``resolve(options, hosts)`` (options that need the topology, such as
+node groups: ``hosts`` holds the ranks of each host, as ``resolve`` below takes it),
+``check(options, size)``, and ``TRANSPORT``
 (``"shm"`` or ``"mpi"``: the transport the algorithm asks for where the peers share a node;
 it never moves data itself: collectives/comm/ carries every plan's messages). A built-in algorithm is a module named in ``_MODULES``; algorithms from
 outside the package come through ``collectives.register_algorithm`` (which verifies their
@@ -81,11 +82,29 @@ def get(name):
         raise ValueError(f"unknown algorithm {name!r}; valid algorithms: auto, {', '.join(_REGISTRY)}") from None
 
 
-def plan_params(module, options, comm):
-    """Checked options turned into the keyword arguments of ``module.build`` (hashable values)."""
-    opts = normalize(module.NAME, module.OPTIONS, options)
-    if hasattr(module, "check"):
-        module.check(opts, comm.size)
-    if hasattr(module, "resolve"):
-        opts = module.resolve(opts, comm)
-    return opts
+def resolve(algorithm, options, topology, size=None):
+    """``(module, params)``: the algorithm (a registered name, or an algorithm object itself) and
+    the keyword arguments of its ``build`` (hashable values) for ``options``. The one place that
+    turns a call's options into plan parameters: the API, the TensorFlow bridge and the simulator
+    all come here.
+
+    ``topology`` holds the ranks of each host, hosts in order of their first rank (a tuple of
+    tuples of ranks, as ``select.topology(comm)`` and ``Communicator.hosts()`` give), or a
+    callable returning them, called only where the algorithm's own ``resolve`` hook needs the
+    hosts (a communicator's first grouping of its ranks by node is collective). ``size`` is the
+    world size (default: the ranks of ``topology``). Options are checked, defaults filled in
+    (ValueError naming the valid ones), then the algorithm's ``check(options, size)`` and
+    ``resolve(options, hosts)`` hooks run where it has them."""
+    module = get(algorithm) if isinstance(algorithm, str) else algorithm
+    check, hook = getattr(module, "check", None), getattr(module, "resolve", None)
+    if not options and not module.OPTIONS and check is None and hook is None:
+        return module, {}
+    opts = normalize(module.NAME, module.OPTIONS, options or {})
+    if size is None:
+        topology = topology() if callable(topology) else topology
+        size = sum(len(host) for host in topology)
+    if check is not None:
+        check(opts, size)
+    if hook is not None:
+        opts = hook(opts, topology() if callable(topology) else topology)
+    return module, opts

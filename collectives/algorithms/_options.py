@@ -39,3 +39,13 @@ def normalize(algorithm, declared, given):
                          f"valid options: {valid}")
     return {name: (opt.check(given[name]) if name in given else opt.default)
             for name, opt in declared.items()}
+
+
+def groups_of(hosts):
+    """The host number of every rank (hosts numbered in the order given) from the ranks of each
+    host, as ``collectives.algorithms.resolve`` takes them: ((0, 1), (2,)) -> (0, 0, 1)."""
+    groups = [0] * sum(len(host) for host in hosts)
+    for number, host in enumerate(hosts):
+        for rank in host:
+            groups[rank] = number
+    return tuple(groups)

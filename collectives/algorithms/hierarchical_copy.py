@@ -23,23 +23,20 @@ Reference: TensorFlow, tensorflow/python/distribute/cross_device_ops.py
 """
 from ..plan import IN, OUT, TMP, PlanBuilder, block_bounds
 from .. import phases as _phases
-from ._options import Option, optional_positive_int
+from ._options import Option, groups_of, optional_positive_int
 
 NAME = "hierarchical_copy"
 OPTIONS = {"group_size": Option(None, optional_positive_int("group_size"),
                                 "ranks per group; default: one group per shared-memory node")}
 
 
-def resolve(options, comm):
-    """Turn the user's options into plan parameters: the group of every rank."""
+def resolve(options, hosts):
+    """Turn the user's options into plan parameters: the group of every rank (by default its host,
+    from ``hosts``, the ranks of each host)."""
     group_size = options["group_size"]
     if group_size is None:
-        colors = comm.node_colors()
-        order = {c: k for k, c in enumerate(dict.fromkeys(colors))}
-        groups = tuple(order[c] for c in colors)
-    else:
-        groups = tuple(r // group_size for r in range(comm.size))
-    return {"groups": groups}
+        return {"groups": groups_of(hosts)}
+    return {"groups": groups_for(sum(len(host) for host in hosts), group_size)}
 
 
 def groups_for(size, group_size):

@@ -33,7 +33,7 @@ split between intra- and inter-node steps.
 from ..plan import NCHANNELS, OUT, PlanBuilder, block_bounds
 from .. import phases as _phases
 from . import double_binary_tree as _dbt
-from ._options import Option, optional_positive_int
+from ._options import Option, groups_of, optional_positive_int
 
 NAME = "two_level"
 INTER = ("ring", "recursive_doubling", "rabenseifner", "double_binary_tree")
@@ -68,17 +68,16 @@ OPTIONS = {"inter": Option("ring", _check_inter, "the flat all-reduce across hos
                                                  "the communicator's shared-memory nodes")}
 
 
-def resolve(options, comm):
-    """The host of every rank, from the communicator's node grouping unless given."""
+def resolve(options, hosts):
+    """The host of every rank, from ``hosts`` (the ranks of each host) unless given."""
     groups = options.get("groups")
     if groups is None:
-        colors = comm.node_colors()
-        order = {c: k for k, c in enumerate(dict.fromkeys(colors))}
-        groups = tuple(order[c] for c in colors)
+        groups = groups_of(hosts)
     else:
         groups = tuple(int(g) for g in groups)
-        if len(groups) != comm.size:
-            raise ValueError(f"two_level option groups needs one entry per rank ({comm.size}), got {len(groups)}")
+        size = sum(len(host) for host in hosts)
+        if len(groups) != size:
+            raise ValueError(f"two_level option groups needs one entry per rank ({size}), got {len(groups)}")
     return {"inter": options.get("inter", "ring"), "groups": groups, "chunks": options.get("chunks")}
 
 

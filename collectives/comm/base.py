@@ -126,6 +126,21 @@ class Communicator:
         """One integer per rank naming its node (shared-memory domain). One node by default."""
         return (0,) * self.size
 
+    def hosts(self):
+        """The ranks of each node, nodes in order of their first rank (a tuple of tuples of ranks,
+        from ``node_colors()``): the topology ``collectives.algorithms.resolve`` takes. Kept
+        while ``node_colors()`` gives the same colours."""
+        colors = self.node_colors()
+        kept = getattr(self, "_hosts", None)
+        if kept is not None and (kept[0] is colors or kept[0] == colors):
+            return kept[1]
+        members = {}
+        for rank, color in enumerate(colors):
+            members.setdefault(color, []).append(rank)
+        hosts = tuple(tuple(ranks) for ranks in members.values())
+        self._hosts = (colors, hosts)
+        return hosts
+
     def exchange(self, sends, recvs, tag, what):
         """One plan step: post every receive and send (``(peer, array, chan)``), wait for all."""
         reqs = [self.irecv(buf, peer, tag + chan) for peer, buf, chan in recvs]

@@ -75,8 +75,7 @@ y = collectives.allreduce(x, algorithm="two_level")
 if not (np.array_equal(y, want) and same_everywhere(y)):
     problems.append("two_level 4 MiB (default chunks)")
 # hierarchical algorithms: one group per host (the groups hierarchical_copy resolves by default)
-hierarchical = sys.modules["collectives.algorithms.hierarchical_copy"]
-groups = hierarchical.resolve({"group_size": None}, ours)["groups"]
+groups = sys.modules["collectives.algorithms"].resolve("hierarchical_copy", {}, ours.hosts())[1]["groups"]
 for a in range(SIZE):
     for b in range(SIZE):
         if (groups[a] == groups[b]) != (hosts[a] == hosts[b]):
