@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import config, mpilib
 from ..errors import MismatchError
-from ..plan import IN, OUT, TMP, REDUCE, COPY, FINAL
+from ..plan import IN, OUT, TMP, REDUCE, COPY, FINAL, copy_is_noop
 from .base import foreign_message
 from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, _SPIN_BEFORE_YIELD, timeout_error
 from . import cma as _cma
@@ -225,7 +225,7 @@ class ShmTransport:
                         reduce_fn(left, right, bufs[dst][dlo:dlo + n])
                 elif kind == COPY:
                     _, dst, dlo, src, slo, n = op
-                    if not (in_place and dlo == slo and {dst, src} <= {IN, OUT}):
+                    if not copy_is_noop(op, in_place):
                         np.copyto(bufs[dst][dlo:dlo + n], _operand(bufs, views, src, slo, n))
                 elif kind == FINAL and final_fn is not None:
                     _, b, lo, n = op
