@@ -30,10 +30,13 @@ def cost_choice(size, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, candidates=No
 
 
 def topology(comm):
-    """(hosts, ranks per host) of ``comm``: the ranks of each host, hosts in order of their first rank."""
-    colors = comm.node_colors()
+    """(hosts, ranks per host) of ``comm``: the ranks of each host, hosts in order of their first rank
+    (``Communicator.hosts()``, for any object with ``node_colors()``)."""
+    hosts = getattr(comm, "hosts", None)
+    if hosts is not None:
+        return hosts()
     members = {}
-    for rank, color in enumerate(colors):
+    for rank, color in enumerate(comm.node_colors()):
         members.setdefault(color, []).append(rank)
     return tuple(tuple(ranks) for ranks in members.values())
 
@@ -85,7 +88,20 @@ def choose_pair(comm, nbytes, dtype):
     call, else the cost model's (None: the transport is left to ``choose_transport``)."""
     mpi = getattr(comm, "mpi_comm", None) is not None
     hosts = topology(comm) if mpi and comm.size > 1 else ((tuple(range(comm.size)),))
-    key = (comm.size, nbytes, dtype, mpi, hosts)
+    name, why, transport = _decide(comm.size, nbytes, dtype, mpi, hosts)
+    log_choice(comm, nbytes, dtype, name, why)
+    return name, transport
+
+
+def choose_for(size, nbytes, dtype, hosts=None):
+    """The algorithm ``auto`` picks for ``size`` ranks (on one host unless ``hosts``, the ranks
+    of each host, says otherwise) outside MPI: no communicator needed (the TF bridge's plans)."""
+    return _decide(size, nbytes, dtype, False, hosts or (tuple(range(size)),))[0]
+
+
+def _decide(size, nbytes, dtype, mpi, hosts):
+    """(name, why, transport or None), cached per (size, bytes, dtype, MPI or not, hosts)."""
+    key = (size, nbytes, dtype, mpi, hosts)
     hit = _choices.get(key)
     if hit is None:
         from . import tuning
@@ -95,7 +111,7 @@ def choose_pair(comm, nbytes, dtype):
             from .mpilib import describe
 
             library = describe()
-        table_choice = tuning.lookup_pair(comm.size, nbytes, dtype, library, tuning.topology_key(hosts))
+        table_choice = tuning.lookup_pair(size, nbytes, dtype, library, tuning.topology_key(hosts))
         if table_choice is not None and table_choice[0] in _algorithms.names():  # a plugin not loaded now
             hit = (table_choice[0], (f"tuning table, {library}" if library else "tuning table")
                    + (f", {describe_topology(hosts)}" if len(hosts) > 1 else ""), table_choice[1])
@@ -109,16 +125,14 @@ def choose_pair(comm, nbytes, dtype):
         else:
             # shm is left to the tuning table: measured here it trails the ring (see RESULTS.md)
             candidates = [n for n in _algorithms.names() if n not in ("shm", "two_level")]
-            name, costs = cost_choice(comm.size, nbytes, candidates=candidates)
+            name, costs = cost_choice(size, nbytes, candidates=candidates)
             unused = tuning.mismatch(library) if library else None
             hit = (name, f"cost model ({costs[name] * 1e6:.1f} us predicted)"
                    + (f"; {unused}: not used" if unused else ""), None)
         if len(_choices) > 4096:
             _choices.clear()
         _choices[key] = hit
-    name, why, transport = hit
-    log_choice(comm, nbytes, dtype, name, why)
-    return name, transport
+    return hit
 
 
 # Messages from this size travel through shared memory between ranks of one node when the caller

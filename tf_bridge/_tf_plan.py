@@ -30,7 +30,6 @@ import tensorflow as tf
 
 _algorithms = importlib.import_module("collectives.algorithms")  # the package's name is shadowed by a function
 from collectives import config as _config
-from collectives.comm.base import Communicator
 from collectives.plan import COPY, OUT, REDUCE, copy_is_noop
 
 from . import _tf_internals as _tfi
@@ -48,11 +47,9 @@ def resolve_algorithm(algorithm, options, size, nbytes, dtype):
     if forced is not None:
         name = forced
     elif algorithm == "auto":
-        from collectives.select import choose
+        from collectives.select import choose_for
 
-        world = Communicator()  # what choose reads of a communicator: its size, one node, no MPI
-        world.size = size
-        name = choose(world, nbytes, dtype)
+        name = choose_for(size, nbytes, dtype)
     else:
         name = algorithm
     module = _algorithms.get(name)
