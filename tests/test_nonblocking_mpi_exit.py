@@ -22,11 +22,12 @@ pytestmark = [pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexe
               pytest.mark.timeout(HARD_TIMEOUT + 30)]
 
 HEAD = f"""
-import atexit, sys
+import atexit, os, sys
 import numpy as np
 sys.path.insert(0, {ROOT!r})
 held = []
-atexit.register(lambda: print("rank", MPI.COMM_WORLD.rank, "done:", [r.test() for r in held], flush=True))
+# one write per line: the ranks' lines must not interleave in mpiexec's output
+atexit.register(lambda: os.write(1, f"rank {{MPI.COMM_WORLD.rank}} done: {{[r.test() for r in held]}}\\n".encode()))
 from mpi4py import MPI
 import collectives
 """
