@@ -136,11 +136,11 @@ def _decide(size, nbytes, dtype, mpi, hosts):
 
 
 # Messages from this size travel through shared memory between ranks of one node when the caller
-# (and the tuning table) leave the transport to the library. Below it MPI point-to-point was as
-# fast or faster here at n=2: the transport's per-step Python work (layouts, header polls) costs
-# more than MPICH's own shared-memory path saves; from 4 MiB the two were even at n=2 and shared
-# memory ahead at n=4 (benchmarks/RESULTS.md, "Transports").
-SHM_MIN_BYTES = 4 << 20
+# (and the tuning table) leave the transport to the library. Measured at n=2 (few rows, 400 calls
+# a row): at 64-256 KiB MPI point-to-point was 1.2-1.3x faster (the transport's per-step Python
+# work, layouts and header polls, costs more than MPICH's own copies save); at 1 MiB shared memory
+# took 0.86 of MPI's time for ring, at 4 MiB 0.69 (benchmarks/RESULTS.md, "Transports").
+SHM_MIN_BYTES = 1 << 20
 
 
 def choose_transport(comm, algorithm, nbytes, requested="auto"):
