@@ -514,6 +514,8 @@ CORRUPT = {
     "json list": json.dumps([1, 2, 3]),
     "entries missing": json.dumps({"format": "collectives-tuning-1"}),
     "bad entry": json.dumps({"format": "collectives-tuning-1", "entries": [{"size": "two", "nbytes": 8}]}),
+    "bad transport": json.dumps({"format": "collectives-tuning-1", "entries": [
+        {"size": 3, "dtype": "float32", "nbytes": 4096, "algorithm": "ring", "transport": "pigeon"}]}),
     "empty": "",
 }
 
@@ -553,6 +555,17 @@ def test_valid_tuning_file_is_used_and_unknown_algorithms_ignored(tuning_file):
             warnings.simplefilter("error")
             assert _auto_choice(3, 4096) == "reduce_to_one"
             assert _auto_choice(2, 4096) == _cost_model_choice(2, 4096)
+
+
+def test_tuning_entries_pair_an_algorithm_with_a_transport(tuning_file):
+    table = {"format": "collectives-tuning-1", "entries": [
+        {"size": 3, "dtype": "float32", "nbytes": 4096, "algorithm": "ring", "transport": "shm"},
+        {"size": 3, "dtype": "float32", "nbytes": 64, "algorithm": "tree"}]}  # written before transports
+    where = tuning_file(json.dumps(table))
+    with env(COLLECTIVES_TUNING=where, COLLECTIVES_TIMEOUT=30):
+        assert tuning.lookup_pair(3, 4096, np.dtype(np.float32)) == ("ring", "shm")
+        assert tuning.lookup_pair(3, 64, np.dtype(np.float32)) == ("tree", None)
+        assert tuning.lookup(3, 4096, np.dtype(np.float32)) == "ring"
 
 
 def test_missing_tuning_file_is_silent(tuning_file, tmp_path):

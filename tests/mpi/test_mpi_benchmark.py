@@ -84,3 +84,23 @@ def test_bfloat16_sweep_has_a_native_row_and_no_wrong_elements(op, capsys):
         elif any(row[2] != "bfloat16" or row[8] != "0" or row[13] != "0" for row in rows):
             ok, why = False, "wrong elements, or a row of another dtype"
     assert WORLD.allreduce(bool(ok), op=MPI.LAND), why or "rank 0 found a problem"
+
+
+@pytest.mark.timeout(300)
+def test_rows_name_their_transport_and_run_on_shared_arrays(capsys):
+    """-a NAME@mpi,NAME@shm rows (and auto's) show the transport that ran; --shared runs them
+    on shared arrays, still checked against native."""
+    allreduce_perf.main(["-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "-a", "auto,ring@mpi,ring@shm",
+                         "-c", "1", "--shared"])
+    text = capsys.readouterr().out
+    ok, why = True, ""
+    if WORLD.rank == 0:
+        rows = [line.split() for line in text.splitlines() if line.strip() and line.split()[0].isdigit()]
+        labels = {row[4] for row in rows}
+        on_node = WORLD.size > 1  # every rank of these tests shares one node
+        want = {"native", "ring@mpi", "ring@shm" if on_node else "ring@mpi"}
+        if not want <= labels or not any(label.startswith("auto(") for label in labels):
+            ok, why = False, f"row labels {sorted(labels)}"
+        elif any(row[8] not in ("0", "-") or row[13] not in ("0", "-") for row in rows):
+            ok, why = False, "wrong elements on shared arrays"
+    assert WORLD.allreduce(bool(ok), op=MPI.LAND), why or "rank 0 found a problem"

@@ -3,6 +3,7 @@ node's shared memory gives the same bits (the plan fixes every reduction's order
 out of place, on ordinary and on shared arrays (``collectives.empty``); the choice of transport,
 its environment variables and its errors. Run by tests/run_all.py at N = 1..4 ranks."""
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -167,3 +168,23 @@ def test_debug_names_each_shapes_transport_and_why(monkeypatch, caplog):
     large = [line for line in lines if f"{SHM_MIN_BYTES} bytes with ring -> transport "
              + ("shm (peers on this node" if on_node else "mpi (") in line]
     agree(len(small) == 1 and len(large) == 1 if WORLD.size > 1 else True, f"transport lines {lines}")
+
+
+def test_a_silent_rank_times_out_naming_the_step_over_shared_memory(monkeypatch):
+    if WORLD.size < 2:
+        pytest.skip("a silent peer needs two ranks")
+    monkeypatch.setenv("COLLECTIVES_ON_ERROR", "raise")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "1")
+    comm = WORLD.Dup()
+    x = data(1000)
+    collectives.allreduce(x, comm=comm, algorithm="ring", transport="shm")  # every rank: the window exists
+    ok, why = True, ""
+    if WORLD.rank != 1:  # rank 1 makes no second call
+        try:
+            collectives.allreduce(x, comm=comm, algorithm="ring", transport="shm")
+            ok, why = False, "returned a result without rank 1"
+        except collectives.CollectiveTimeout as exc:
+            if not re.match(r"allreduce\(ring\) step \d+/\d+: no message from rank \d after 1 s", str(exc)):
+                ok, why = False, f"timeout without its step: {exc}"
+    comm.Free()
+    agree(ok, why)
