@@ -171,17 +171,22 @@ def _run_program(program, comm, sendbuf, recvbuf):
 
 
 def _select(name, comm, nbytes, dtype):
-    from .select import choose, log_choice
+    return _select_pair(name, comm, nbytes, dtype)[0]
+
+
+def _select_pair(name, comm, nbytes, dtype):
+    """(the algorithm to run, the transport the tuning table paired with auto's pick or None)."""
+    from .select import choose_pair, log_choice
 
     forced = config.forced_algorithm()
     if forced is not None:
         _algorithms.get(forced)
         log_choice(comm, nbytes, dtype, forced, "forced by COLLECTIVES_ALGO")
-        return forced
+        return forced, None
     if name == "auto":
-        return choose(comm, nbytes, dtype)
+        return choose_pair(comm, nbytes, dtype)
     log_choice(comm, nbytes, dtype, name, "named by the caller")
-    return name
+    return name, None
 
 
 _no_overrides = config.no_overrides
@@ -289,7 +294,7 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
         if backend_for(recvbuf) is not backend:
             raise ValueError("sendbuf and recvbuf must both be host (NumPy) or both device (CuPy) arrays")
     comm = _usable(comm)
-    name = _select(algorithm, comm, sendbuf.nbytes, dtype)
+    name, preferred = _select_pair(algorithm, comm, sendbuf.nbytes, dtype)
     module = _algorithms.get(name)
     if name != algorithm and options:  # forced or chosen: keep only the options it takes
         options = {k: v for k, v in options.items() if k in module.OPTIONS}
@@ -305,7 +310,6 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     what = f"allreduce({name})"
     sig = signature("allreduce", name, op, dtype, count, params)
     shm = None
-    preferred = _preferred_transport(comm, sendbuf.nbytes, dtype, algorithm)
     if backend is NUMPY and _select_transport(comm, module, sendbuf.nbytes, transport, preferred) == "shm":
         shm = _shm_transport(comm, name, count, dtype.itemsize, params, module)
     # a prepared program's tags differ from the plan's: none where another node's ranks may run
@@ -358,15 +362,6 @@ def _shm_forced(module, requested, preferred=None):
     """True when this call asks for the shared-memory transport whatever its size (the same
     answer on every rank: a rank alone on its node must not run a prepared program then)."""
     return "shm" in (requested, config.transport(), getattr(module, "TRANSPORT", None), preferred)
-
-
-def _preferred_transport(comm, nbytes, dtype, algorithm):
-    """The transport the tuning table paired with auto's algorithm for this call, or None."""
-    if algorithm != "auto" or config.forced_algorithm() is not None:
-        return None
-    from .select import choose_pair
-
-    return choose_pair(comm, nbytes, dtype)[1]
 
 
 def _select_transport(comm, module, nbytes, requested, preferred=None):

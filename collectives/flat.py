@@ -9,7 +9,7 @@ from itertools import chain
 
 import numpy as np
 
-from .plan import COPY, FINAL, REDUCE, PlanError
+from .plan import COPY, FINAL, REDUCE, PlanError, ranks_by_group
 
 _registry = __import__("importlib").import_module("collectives.algorithms")
 
@@ -26,10 +26,7 @@ def _hosts(ranks, topology):
     """The ranks of each node of a simulated ``topology`` (None: one node)."""
     if topology is None:
         return (tuple(range(ranks)),)
-    members = {}
-    for rank, node in enumerate(topology.nodes(ranks).tolist()):
-        members.setdefault(node, []).append(rank)
-    return tuple(tuple(m) for m in members.values())
+    return ranks_by_group(topology.nodes(ranks).tolist())
 
 
 def _params(module, ranks, options, topology):

@@ -151,6 +151,15 @@ class block_bounds:
         return f"block_bounds({list(self)!r})"
 
 
+def ranks_by_group(groups):
+    """The ranks of each group, groups in order of their first rank, from the group of every
+    rank (a node colour, a host number): (5, 5, 9, 5) -> ((0, 1, 3), (2,))."""
+    members = {}
+    for rank, group in enumerate(groups):
+        members.setdefault(group, []).append(rank)
+    return tuple(tuple(ranks) for ranks in members.values())
+
+
 def max_width(bounds):
     """The widest chunk of a bounds sequence."""
     width = getattr(bounds, "max_width", None)

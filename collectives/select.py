@@ -10,6 +10,7 @@ import importlib
 
 _algorithms = importlib.import_module("collectives.algorithms")
 from . import config
+from .plan import ranks_by_group
 
 # the model's defaults (collectives/model.py): shared memory inside a node, a 10 Gbit/s link per
 # host between hosts (beta_inter is per byte of one host's link, which the host's ranks share)
@@ -33,12 +34,7 @@ def topology(comm):
     """(hosts, ranks per host) of ``comm``: the ranks of each host, hosts in order of their first rank
     (``Communicator.hosts()``, for any object with ``node_colors()``)."""
     hosts = getattr(comm, "hosts", None)
-    if hosts is not None:
-        return hosts()
-    members = {}
-    for rank, color in enumerate(comm.node_colors()):
-        members.setdefault(color, []).append(rank)
-    return tuple(tuple(ranks) for ranks in members.values())
+    return hosts() if hosts is not None else ranks_by_group(comm.node_colors())
 
 
 def describe_topology(hosts):

@@ -170,7 +170,7 @@ def tune(comm, args, log=print):
 
 def _candidates(ours, args):
     """What is measured: each algorithm over each transport (``name@transport``), or the bare
-    names where only MPI point-to-point applies (no peer on the node, or -t mpi alone)."""
+    names where no peer shares this rank's node (MPI point-to-point is all there is)."""
     from .comm import shm
 
     wanted = ["mpi", "shm"] if "auto" in args.transports else args.transports

@@ -106,3 +106,11 @@ def test_execute_and_programs_skip_exactly_the_noop_copies(in_place):
     # result, 2x, from every runner
     for got in run_threaded(1, run)[0]:
         assert got.tolist() == (2 * x).tolist()
+
+
+def test_ranks_by_group_keeps_groups_in_order_of_their_first_rank():
+    from collectives.plan import ranks_by_group
+
+    assert ranks_by_group((5, 5, 9, 5)) == ((0, 1, 3), (2,))
+    assert ranks_by_group((0, 0, 1, 1)) == ((0, 1), (2, 3))
+    assert ranks_by_group(()) == ()

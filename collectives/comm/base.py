@@ -9,6 +9,7 @@ as raw bytes, never pickled.
 import zlib
 
 from ..errors import CollectiveError, MismatchError
+from ..plan import ranks_by_group
 from ..session import Session
 
 # Callbacks run with a communicator that is being released (``close()``): caches holding state
@@ -134,10 +135,7 @@ class Communicator:
         kept = getattr(self, "_hosts", None)
         if kept is not None and (kept[0] is colors or kept[0] == colors):
             return kept[1]
-        members = {}
-        for rank, color in enumerate(colors):
-            members.setdefault(color, []).append(rank)
-        hosts = tuple(tuple(ranks) for ranks in members.values())
+        hosts = ranks_by_group(colors)
         self._hosts = (colors, hosts)
         return hosts
 

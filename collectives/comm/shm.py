@@ -77,6 +77,7 @@ class ShmTransport:
         # bounded barriers among the node's ranks (the communicator owns the node's MPI communicator)
         self.node = MPIComm(comm.node_comm(), _dup=False)
         self.calls = 0
+        self.what = ""  # the running call's name
         self.readers = ()  # node peers that read this rank's memory in the last call
         self.shared = SharedArrays(self.node)  # collectives.empty's arrays
         self.signatures = {}  # a call's signature -> (its checksum, its header fields)
@@ -148,6 +149,7 @@ class ShmTransport:
             flags |= F_OUT_SHARED
         layout, mapped = self.layouts.of(plan, itemsize, flags, plans_of)
         call = self.calls + 1
+        self.what = what  # the call's name, which a mismatch names (a wait names its step)
         signed = self.signatures.get(signature)
         if signed is None:
             if len(self.signatures) > 1024:
@@ -306,7 +308,7 @@ class ShmTransport:
             for peer, need, h in waiting:
                 progress = int(h[PROGRESS])
                 if progress >> 32 == call and h[SIGNATURE] != sig:  # the call's error, not a step's
-                    raise self._mismatch(what.split(" step ")[0], call)
+                    raise self._mismatch(self.what, call)
                 if progress < need:
                     left.append((peer, need, h))
             if not left:

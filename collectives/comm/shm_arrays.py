@@ -45,9 +45,6 @@ class _SharedArray:
 _kept = []  # shared arrays still in use when their communicator was released: MPI_Finalize frees them
 
 
-_kept = []  # shared arrays still in use when their communicator was released: MPI_Finalize frees them
-
-
 class SharedArrays:
     """The shared arrays made over one node communicator (``node``: an MPIComm)."""
 

@@ -188,6 +188,17 @@ def _minus(lo, hi, wlo, whi):
 F_IN_SHARED, F_OUT_SHARED, F_IN_PLACE, F_CMA = 1, 2, 4, 8  # a call's flags, as its header shows them
 
 
+def _kept(store, key, plan, make, *args):
+    """``store[key]``'s value while it was made for this very ``plan`` object (keys hold the
+    plan's id, which a new plan may reuse), else ``make(*args)``, kept; at most 256 kept."""
+    found = store.get(key)
+    if found is None or found[0] is not plan:
+        if len(store) > 256:
+            store.clear()
+        found = store[key] = (plan, make(*args))
+    return found[1]
+
+
 class Layouts:
     """One transport's layouts, cached per plan: where each of a plan's messages lies for the
     sender's flags, which receives a rank maps, and the staging a call needs on any node rank."""
@@ -195,46 +206,36 @@ class Layouts:
     def __init__(self, node_ranks):
         self.node_ranks = node_ranks
         self.on_node = set(node_ranks).__contains__
-        self.layouts = {}  # (plan id, item size, flags) -> (plan, SendLayout, mapped receives)
-        self.receives = {}  # plan id -> (plan, receive order, mapped receives)
+        self.layouts = {}  # (plan id, item size, flags) -> (plan, (SendLayout, mapped receives))
+        self.receives = {}  # plan id -> (plan, (receive order, mapped receives))
         self.bounds = {}  # (plan id, item size) -> (plan, staging bytes the call needs on any node rank)
 
     def of(self, plan, itemsize, flags, plans_of):
         """(SendLayout of ``plan`` under ``flags``, the receives ``plan``'s rank maps)."""
-        key = (id(plan), itemsize, flags)
-        found = self.layouts.get(key)
-        if found is None or found[0] is not plan:
-            if len(self.layouts) > 256:
-                self.layouts.clear()
-            sender = plan.rank
+        return _kept(self.layouts, (id(plan), itemsize, flags), plan, self._layout, plan, itemsize, flags, plans_of)
 
-            def receiver_maps(peer, chan, k):
-                order, mapped = self._receives(plans_of(peer))
-                matching = order.get((sender, chan), ())
-                return k < len(matching) and matching[k] in mapped
-            layout = SendLayout(plan, itemsize, self.on_node, bool(flags & F_IN_SHARED), bool(flags & F_OUT_SHARED),
-                                bool(flags & F_IN_PLACE), bool(flags & F_CMA), receiver_maps)
-            found = self.layouts[key] = (plan, layout, self._receives(plan)[1])
-        return found[1], found[2]
+    def _layout(self, plan, itemsize, flags, plans_of):
+        sender = plan.rank
+
+        def receiver_maps(peer, chan, k):
+            order, mapped = self._receives(plans_of(peer))
+            matching = order.get((sender, chan), ())
+            return k < len(matching) and matching[k] in mapped
+        layout = SendLayout(plan, itemsize, self.on_node, bool(flags & F_IN_SHARED), bool(flags & F_OUT_SHARED),
+                            bool(flags & F_IN_PLACE), bool(flags & F_CMA), receiver_maps)
+        return layout, self._receives(plan)[1]
 
     def _receives(self, plan):
         """(receive order, mapped receives) of a plan, cached."""
-        found = self.receives.get(id(plan))
-        if found is None or found[0] is not plan:
-            if len(self.receives) > 256:
-                self.receives.clear()
-            found = self.receives[id(plan)] = (plan, receive_order(plan, self.on_node),
-                                               mapped_receives(plan, self.on_node))
-        return found[1], found[2]
+        return _kept(self.receives, id(plan), plan, self._receives_of, plan)
+
+    def _receives_of(self, plan):
+        return receive_order(plan, self.on_node), mapped_receives(plan, self.on_node)
 
     def bound(self, plan, plans_of, itemsize):
         """The most staging any node rank needs for this call (the same figure on every rank, so
         that all decide together to grow the window)."""
-        key = (id(plan), itemsize)
-        found = self.bounds.get(key)
-        if found is None or found[0] is not plan:
-            if len(self.bounds) > 256:
-                self.bounds.clear()
-            found = self.bounds[key] = (plan, max(staging_bound(plans_of(peer), itemsize, self.on_node)
-                                                  for peer in self.node_ranks))
-        return found[1]
+        return _kept(self.bounds, (id(plan), itemsize), plan, self._bound, plans_of, itemsize)
+
+    def _bound(self, plans_of, itemsize):
+        return max(staging_bound(plans_of(peer), itemsize, self.on_node) for peer in self.node_ranks)
