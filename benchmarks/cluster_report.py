@@ -1,14 +1,17 @@
 """Tables and a plot for all-reduce across emulated hosts (benchmarks/RESULTS.md, "Across emulated hosts").
 
     python -m benchmarks.cluster_report --rate 500M --sweep 2x2=A.json --sweep 3x2=B.json \\
-        [--calibrate 2x2=C.json --calibrate 3x2=D.json] [--plot F.png]
+        [--calibrate 2x2=C.json --calibrate 3x2=D.json [--predict]] [--plot F.png]
 
 ``--sweep HxK=FILE``: an ``allreduce_perf --json`` run across H hosts of K ranks (with ``benchmarks.cluster``);
 prints per size the link floor 2(H-1)/H N / R (R the rate of one host's link), native's, auto's and
 the best algorithm's times (out of place), and the ratios issue 19 asks for: auto and best against
 the floor, auto against native, auto against the best. ``--calibrate HxK=FILE``: a ``--calibrate
---json`` run across the same hosts; prints each algorithm's measured against predicted time from
-1 MiB. ``--plot``: time over the link floor against size, one panel per shape.
+--json`` run across the same hosts (K may list each host's ranks: ``3x2,1,2``); prints each
+algorithm's measured against predicted time from 1 MiB; with ``--predict``, the predictions are
+made again by this checkout's simulator from the run's own fit (alpha, beta, gamma and the
+inter-host line), so a change to the model can be judged against stored measurements.
+``--plot``: time over the link floor against size, one panel per shape.
 """
 import argparse
 import json
@@ -24,8 +27,9 @@ def _rate(text):
 
 def _shape(text):
     shape, path = text.split("=", 1)
-    hosts, per_host = (int(x) for x in shape.lower().split("x"))
-    return hosts, per_host, path
+    hosts, per_host = shape.lower().split("x")
+    counts = tuple(int(x) for x in per_host.split(","))
+    return int(hosts), counts[0] if len(counts) == 1 else counts, path
 
 
 def floor(hosts, nbytes, rate):
@@ -69,11 +73,29 @@ def sweep_table(shapes, rate):
     return "\n".join(out)
 
 
-def calibrate_table(shapes, lo=1 << 20):
+def predict(data, per_host):
+    """``data`` (a ``--calibrate --json`` run) with every row's prediction made again by this
+    checkout's simulator, from the run's fit, on ``Topology(per_host, intra, inter, shared_nic=True)``."""
+    from collectives import simulate as sim
+
+    inter = data["details"]["inter"]
+    topo = sim.Topology(per_host, (data["alpha"], data["beta"]), (inter["alpha"], inter["beta"]), True)
+    rows = []
+    for r in data["rows"]:
+        t = sim.simulate(r["algorithm"], ranks=data["ranks"], nbytes=r["size"], alpha=data["alpha"],
+                         beta=data["beta"], gamma=data["gamma"], topology=topo, verify_data=False).time
+        rows.append(dict(r, predicted=t, ratio=r["measured"] / t))
+    return dict(data, rows=rows)
+
+
+def calibrate_table(shapes, lo=1 << 20, again=False):
     out = []
     for hosts, per_host, path in shapes:
         data = json.load(open(path))
         inter = data.get("details", {}).get("inter", {})
+        if again:
+            data = predict(data, per_host)
+        per_host = ",".join(map(str, per_host)) if isinstance(per_host, tuple) else per_host
         out.append(f"\n{hosts} hosts x {per_host} ranks: intra-host alpha {data['alpha'] * 1e6:.1f} us, beta "
                    f"{data['beta'] * 1e9:.3f} ns/B; inter-host alpha {inter.get('alpha', 0) * 1e6:.1f} us, beta "
                    f"{inter.get('beta', 0) * 1e9:.2f} ns/B ({1 / inter['beta'] / 1e6:.1f} MB/s); gamma "
@@ -125,6 +147,8 @@ def main(argv=None):
     p.add_argument("--rate", default="500M", help="each host link's rate, as given to benchmarks.cluster")
     p.add_argument("--sweep", action="append", default=[], type=_shape, help="HxK=allreduce_perf.json")
     p.add_argument("--calibrate", action="append", default=[], type=_shape, help="HxK=calibrate.json")
+    p.add_argument("--predict", action="store_true",
+                   help="with --calibrate: predict again with this checkout's simulator from each run's fit")
     p.add_argument("--plot")
     args = p.parse_args(argv)
     rate = _rate(args.rate)
@@ -132,7 +156,7 @@ def main(argv=None):
     if shapes:
         print(sweep_table(shapes, rate))
     if args.calibrate:
-        print(calibrate_table(args.calibrate))
+        print(calibrate_table(args.calibrate, again=args.predict))
     if args.plot and shapes:
         plot(shapes, args.plot, args.rate)
     return 0

@@ -19,7 +19,8 @@ inter-host line: beta the slope from 1 MiB on (a shaped link's burst would other
 rate), alpha what the smallest message leaves. Where every host holds consecutive ranks the
 predictions then use ``Topology(ranks per host, or each host's count, intra line, inter line,
 shared_nic=True)``: every host's link carries its messages across hosts one at a time in each
-direction.
+direction, outgoing and incoming links each on a queue of their own (a message ends when both
+links carried it).
 """
 import os
 import sys

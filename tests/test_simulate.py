@@ -222,6 +222,48 @@ def test_waves_and_event_loop_agree_with_a_shared_nic(per_host, hosts, monkeypat
             assert waves == pytest.approx(loop, rel=1e-9), (name, n)
 
 
+@pytest.mark.parametrize("per_host, hosts", [(2, 3), (4, 3), (2, 4), (3, 3)])
+def test_all_to_all_across_hosts_keeps_every_link_busy(per_host, hosts, monkeypatch):
+    # shm's plan: every rank sends a block to every other rank, twice. Each host link serves its
+    # own queue (a message ends when both its links carried it), so the all-to-all takes the
+    # links' time; when a message held both links at once, links sat idle while messages waited
+    # for their second link (2.5x the links' time on 3 x 2; measured 0.40-0.47 of that prediction)
+    from collectives.simulate import timing
+
+    topo = sim.Topology(per_host, (2e-6, 1e-10), (50e-6, LINK), shared_nic=True)
+    p, n = per_host * hosts, 9 << 20  # even blocks on 6, 8, 9 and 12 ranks
+    across = per_host * per_host * (hosts - 1)  # blocks out of (and into) each host per step
+    links = 2 * across * (50e-6 + n // p * LINK)
+    waves = []
+    real = timing.wave_times
+    monkeypatch.setattr(timing, "wave_times", lambda *a, **k: waves.append(real(*a, **k)) or waves[-1])
+    r = collectives.simulate("shm", ranks=p, nbytes=n, topology=topo)
+    assert r.verified and links <= r.time * (1 + 1e-12) and r.time < 1.01 * links, (r.time, links)
+    monkeypatch.setattr(timing, "wave_times", lambda *a, **k: None)
+    loop = collectives.simulate("shm", ranks=p, nbytes=n, topology=topo, verify_data=False).time
+    assert loop == pytest.approx(r.time, rel=1e-9)  # the waves (where they ran) agree with the event loop
+    assert waves[0] is not None or per_host > 2  # (longer queues: the event loop alone)
+
+
+def test_cluster_report_predicts_again_from_a_runs_fit(tmp_path):
+    import json
+
+    from benchmarks import cluster_report
+
+    run = {"ranks": 6, "alpha": 2e-6, "beta": 1e-10, "gamma": 1e-10,
+           "details": {"inter": {"alpha": 50e-6, "beta": LINK}},
+           "rows": [{"algorithm": "shm", "size": 1 << 20, "measured": 0.05, "predicted": 0.12, "ratio": 0.42}]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    topo = sim.Topology(2, (2e-6, 1e-10), (50e-6, LINK), shared_nic=True)
+    now = collectives.simulate("shm", ranks=6, nbytes=1 << 20, alpha=2e-6, beta=1e-10, gamma=1e-10,
+                               topology=topo, verify_data=False).time
+    assert f"50.0 / {now * 1e3:.1f} ({0.05 / now:.2f})" in \
+        cluster_report.calibrate_table([cluster_report._shape(f"3x2={path}")], again=True)
+    assert "50.0 / 120.0 (0.42)" in cluster_report.calibrate_table([cluster_report._shape(f"3x2={path}")])
+    assert cluster_report._shape("3x2,1,2=f.json") == (3, (2, 1, 2), "f.json")
+
+
 def test_the_link_fit_sees_the_rate_past_a_burst():
     from collectives import calibrate
 

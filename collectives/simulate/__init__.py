@@ -24,9 +24,10 @@ the wall time per algorithm at 1,024 ranks and, for the logarithmic ones, at 65,
 
 Topology: ``Topology(ranks_per_node=k, intra=(alpha, beta), inter=(alpha, beta),
 shared_nic=True)`` prices messages inside and between nodes separately; with a shared NIC a
-message between nodes holds the sending node's outgoing link and the receiving node's incoming
-link (not its ranks' ports): each node's traffic across nodes goes one message at a time in each
-direction, so no algorithm beats the link floor 2(H-1)/H N beta_inter.
+message between nodes takes a turn on the sending node's outgoing link and one on the receiving
+node's incoming link (not its ranks' ports; each link its own queue, one message at a time) and
+ends when both links carried it, so no algorithm beats the link floor 2(H-1)/H N beta_inter,
+and all-to-all traffic keeps every link busy.
 
 CLI: ``python -m collectives.simulate -a ring,tree -p 1024 -b 8 -e 1G [--topology
 nodes=128x8,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared]] [--plot F.png] [--timeline F.png]``,

@@ -2,11 +2,13 @@
 
 The event loop (``collectives.simulate.timing``) handles messages in the order of their post
 time, ties broken by message index (rank, then step, then post order), and each message holds
-its ports (the sender's send port and the receiver's receive port; with a shared NIC, between
-nodes, the two nodes' network ports) from ``max(post, each port free)`` for its duration. So on every port the messages
-queue in (post time, index) order, and a schedule in which every port serves its messages in
-that order, each from the latest of its post time and the end of its port's previous message,
-is the event loop's answer (with durations above zero, by induction over that order).
+its ports (the sender's send port and the receiver's receive port) from ``max(post, each port
+free)`` for its duration; with a shared NIC, a message between nodes takes a turn of its duration
+on each of the two nodes' links, each from ``max(post, that link free)``, and ends at the later
+turn's end. So on every port the messages queue in (post time, index) order, and a schedule in
+which every port serves its messages in that order, each from the latest of its post time and
+the end of its port's previous message, is the event loop's answer (with durations above zero,
+by induction over that order).
 
 ``wave_times`` builds such a schedule in waves: ranks that reach a step post it and issue its
 sends at once (a wave's sends in (post, index) order, chained on their ports: a message
@@ -50,25 +52,27 @@ class _Ports:
         self.issued = np.zeros(len(dur), bool)
 
     def ports_of(self, ids):
-        """Per message of ``ids``: its ports and the positions they belong to, and whether the
-        first list is the senders' own send ports. A message inside a node holds its sender's
-        send port and its receiver's receive port; with a shared NIC, a message between nodes
-        holds the sending node's outgoing link and the receiving node's incoming link instead."""
+        """Per message of ``ids``: its ports and the positions they belong to, whether the
+        first list is the senders' own send ports, and the messages queued on their second link
+        apart (their positions; that queue's entries are at ``len(ids)`` on). A message inside a
+        node holds its sender's send port and its receiver's receive port together; with a shared
+        NIC, a message between nodes takes its turn on the sending node's outgoing link and, on its
+        own queue, the receiving node's incoming link instead, and ends when both carried it."""
         f, p = self.f, self.p
         pos = np.arange(len(ids))
         inter = self.nic[ids] if self.nic is not None else None
         if inter is None or not inter.any():
-            return [f.s_rank[ids], p + f.s_peer[ids]], [pos, pos], True
+            return [f.s_rank[ids], p + f.s_peer[ids]], [pos, pos], True, None
         ports, owners = [], []
         local = ~inter
         if local.any():
             sel = ids[local]
             ports += [f.s_rank[sel], p + f.s_peer[sel]]
             owners += [pos[local], pos[local]]
-        sel = ids[inter]
+        sel, across = ids[inter], pos[inter]
         ports += [2 * p + self.node[f.s_rank[sel]], 2 * p + self.nodes + self.node[f.s_peer[sel]]]
-        owners += [pos[inter], pos[inter]]
-        return ports, owners, bool(local.any())
+        owners += [across, len(ids) + np.arange(len(sel))]
+        return ports, owners, bool(local.any()), across
 
     def in_order(self, port, ids, post):
         """True when ``ids`` (each the first of the wave on ``port``) follow the port's last."""
@@ -79,8 +83,11 @@ class _Ports:
         """Start the messages ``ids`` (sorted by (post, index)) as the event loop would."""
         if not ids.size:
             return ids
+        ports, owners, own, across = self.ports_of(ids)
+        n = len(ids)
+        if across is not None:  # the incoming links' turns: entries of their own
+            ids, post = np.concatenate([ids, ids[across]]), np.concatenate([post, post[across]])
         dur = self.dur[ids]
-        ports, owners, own = self.ports_of(ids)
         port = np.concatenate(ports)
         longest = int(np.bincount(port, minlength=self.nports).max())
         if longest <= 1:  # no queue: each port once
@@ -125,6 +132,11 @@ class _Ports:
             last = owner[tail]
             self.free[port[tail]] = end[last]  # the last message of each queue ends last
             self.last_post[port[tail]], self.last_id[port[tail]] = post[last], ids[last]
+        if across is not None:  # a message between nodes ends when both its links carried it
+            turn = end[n:]
+            ids, start, end, dur = ids[:n], start[:n].copy(), end[:n].copy(), dur[:n]
+            end[across] = np.maximum(end[across], turn)
+            start[across] = end[across] - dur[across]
         self.start[ids], self.end[ids] = start, end
         self.issued[ids] = True
         return ids

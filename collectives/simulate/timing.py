@@ -1,11 +1,13 @@
 """The simulator's timing model: a discrete-event run of every rank's plan (``collectives.flat``).
 
-A message of m bytes holds its sender's send port and its receiver's receive port (with a shared
-NIC and between nodes, both nodes' links instead) for alpha + m beta, starting in the order of
-its post time, ties broken by message index (the lower rank first, then the earlier step, then post
-order: a deterministic model); a rank's step ends when all its messages have, then its
-reductions take gamma per byte. ``collectives.simulate._waves`` computes the same schedule in
-vectorised waves; the event loop below runs where it cannot.
+A message of m bytes holds its sender's send port and its receiver's receive port for alpha + m
+beta, starting in the order of its post time, ties broken by message index (the lower rank first,
+then the earlier step, then post order: a deterministic model). With a shared NIC, a message
+between nodes takes its turn on the sending node's outgoing link and, on a queue of its own, on
+the receiving node's incoming link instead (alpha + m beta on each, each link serving its
+messages in that order), and ends when both links have carried it. A rank's step ends when all
+its messages have, then its reductions take gamma per byte. ``collectives.simulate._waves``
+computes the same schedule in vectorised waves; the event loop below runs where it cannot.
 """
 import bisect
 import heapq
@@ -19,10 +21,11 @@ from ..plan import PlanError
 
 def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
     """Discrete-event model: messages start in order of their post time, each holds its
-    sender's send port and its receiver's receive port (with a shared NIC and between nodes,
-    the two nodes' links instead) for alpha + m beta; a step ends when all its messages have, then its
-    reductions take gamma per byte. Returns (finish per rank, links, messages): ``links``
-    is, per global step, the message that ended it last (for the critical path)."""
+    sender's send port and its receiver's receive port for alpha + m beta (with a shared NIC and
+    between nodes, a turn on each of the two nodes' links instead, ending at the later turn's end);
+    a step ends when all its messages have, then its reductions take gamma per byte. Returns
+    (finish per rank, links, messages): ``links`` is, per global step, the message that ended it
+    last (for the critical path)."""
     f = flat if flat is not None else _Flat(plans)
     p = f.p
     bad = np.flatnonzero(f.s_match < 0)
@@ -134,12 +137,14 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
         for i in range(ss[step], ss[step + 1]):
             src = s_src[i]
             dst = s_dst[i]
-            if nic_arr is not None and nic_arr[i]:  # across nodes: the two nodes' links, not the ranks' ports
-                ns_, nd_ = node_of[src], node_of[dst]
-                start = max(ready, nic_s[ns_], nic_r[nd_])
-                end = start + dur[i]
-                nic_s[ns_] = end
-                nic_r[nd_] = end
+            if nic_arr is not None and nic_arr[i]:  # across nodes: the two nodes' links (each its own
+                ns_, nd_ = node_of[src], node_of[dst]  # queue), not the ranks' ports; done when both carried it
+                out_end = (ready if ready > nic_s[ns_] else nic_s[ns_]) + dur[i]
+                in_end = (ready if ready > nic_r[nd_] else nic_r[nd_]) + dur[i]
+                nic_s[ns_] = out_end
+                nic_r[nd_] = in_end
+                end = out_end if out_end > in_end else in_end
+                start = end - dur[i]
             else:
                 start = ready
                 if send_free[src] > start:

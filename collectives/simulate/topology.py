@@ -12,8 +12,10 @@ class Topology:
     """Nodes of ``ranks_per_node`` ranks each, or, given a sequence (2, 1, 2), nodes of those
     counts of consecutive ranks (uneven hosts; ranks past them are on further nodes of the last
     count); (alpha, beta) inside a node and between nodes. With ``shared_nic``, a message between
-    nodes holds the two nodes' links (one per direction, shared by the node's ranks) instead of
-    its ranks' ports; without, it holds the ranks' ports only."""
+    nodes takes a turn on the sending node's outgoing link and one on the receiving node's
+    incoming link (each link shared by the node's ranks and serving one message at a time, each
+    on its own queue) instead of holding its ranks' ports, and ends when both links carried it;
+    without, it holds the ranks' ports only."""
     ranks_per_node: object
     intra: tuple
     inter: tuple
