@@ -174,8 +174,9 @@ def _select(name, comm, nbytes, dtype):
     return _select_pair(name, comm, nbytes, dtype)[0]
 
 
-def _select_pair(name, comm, nbytes, dtype):
-    """(the algorithm to run, the transport the tuning table paired with auto's pick or None)."""
+def _select_pair(name, comm, nbytes, dtype, transport=None):
+    """(the algorithm to run, the transport the tuning table paired with auto's pick or None).
+    ``transport``: the call's request (None: a path of point-to-point messages only)."""
     from .select import choose_pair, log_choice
 
     forced = config.forced_algorithm()
@@ -184,7 +185,7 @@ def _select_pair(name, comm, nbytes, dtype):
         log_choice(comm, nbytes, dtype, forced, "forced by COLLECTIVES_ALGO")
         return forced, None
     if name == "auto":
-        return choose_pair(comm, nbytes, dtype)
+        return choose_pair(comm, nbytes, dtype, transport)
     log_choice(comm, nbytes, dtype, name, "named by the caller")
     return name, None
 
@@ -294,7 +295,7 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
         if backend_for(recvbuf) is not backend:
             raise ValueError("sendbuf and recvbuf must both be host (NumPy) or both device (CuPy) arrays")
     comm = _usable(comm)
-    name, preferred = _select_pair(algorithm, comm, sendbuf.nbytes, dtype)
+    name, preferred = _select_pair(algorithm, comm, sendbuf.nbytes, dtype, transport)
     module = _algorithms.get(name)
     if name != algorithm and options:  # forced or chosen: keep only the options it takes
         options = {k: v for k, v in options.items() if k in module.OPTIONS}

@@ -10,3 +10,11 @@ BETA = 1 / 2.0e9
 GAMMA = 1 / 6.0e9
 ALPHA_INTER = 30e-6
 BETA_INTER = 1 / 1.25e9
+
+# Over the shared-memory transport (collectives/comm/shm.py) a step is the unit of cost: every
+# step publishes a progress counter and waits on its peers' (header writes, polls, the layout of
+# its messages: about 15 us of Python work on this project's VM), while each message of a step
+# adds little (a staged copy's setup or a peer segment mapped: about 2 us). Bytes cost what they
+# cost over MPI's own shared memory, which copies them too.
+ALPHA_SHM_STEP = 15e-6
+ALPHA_SHM_MESSAGE = 2e-6

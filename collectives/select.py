@@ -14,7 +14,7 @@ from .plan import ranks_by_group
 
 # the model's defaults (collectives/model.py): shared memory inside a node, a 10 Gbit/s link per
 # host between hosts (beta_inter is per byte of one host's link, which the host's ranks share)
-from .model import ALPHA, ALPHA_INTER, BETA, BETA_INTER, GAMMA  # noqa: E402
+from .model import ALPHA, ALPHA_INTER, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA, BETA_INTER, GAMMA  # noqa: E402
 
 _log = logging.getLogger("collectives")
 _choices = {}
@@ -28,6 +28,26 @@ def cost_choice(size, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, candidates=No
         module = _algorithms.get(name)
         costs[name] = module.cost(size, nbytes, alpha, beta, gamma)
     return min(costs, key=costs.get), costs
+
+
+def shm_cost_choice(size, nbytes, itemsize=4, candidates=None, alpha_step=ALPHA_SHM_STEP,
+                    alpha_message=ALPHA_SHM_MESSAGE, beta=BETA, gamma=GAMMA):
+    """(name, {name: predicted seconds}) over the shared-memory transport, where a step costs
+    ``alpha_step`` (its counters published and polled) and a message only ``alpha_message``: each
+    algorithm's own cost with that alpha, plus its steps (rank 0's plan) times ``alpha_step``.
+    An algorithm whose plan cannot be built here pays ``alpha_step`` per message instead."""
+    count = nbytes // max(1, itemsize)
+    costs = {}
+    for name in candidates or _algorithms.names():
+        module = _algorithms.get(name)
+        try:
+            params = _algorithms.resolve(module, {}, (tuple(range(size)),), size)[1]
+            steps = len(module.build(0, size, count, itemsize=itemsize, **params).steps)
+            costs[name] = module.cost(size, nbytes, alpha_message, beta, gamma) + steps * alpha_step
+        except Exception:  # a plugin's build that needs more than defaults: count its messages as steps
+            costs[name] = module.cost(size, nbytes, alpha_step, beta, gamma)
+    least = min(costs.values())
+    return next(n for n, c in costs.items() if c <= least * (1 + 1e-9)), costs
 
 
 def topology(comm):
@@ -79,12 +99,14 @@ def choose(comm, nbytes, dtype):
     return choose_pair(comm, nbytes, dtype)[0]
 
 
-def choose_pair(comm, nbytes, dtype):
+def choose_pair(comm, nbytes, dtype, transport="auto"):
     """(algorithm, transport or None) for ``auto``: the tuning table's pair where it covers the
-    call, else the cost model's (None: the transport is left to ``choose_transport``)."""
+    call, else the cost model's (None: the transport is left to ``choose_transport``).
+    ``transport`` is the call's request: the model prices the transport the call will use."""
     mpi = getattr(comm, "mpi_comm", None) is not None
     hosts = topology(comm) if mpi and comm.size > 1 else ((tuple(range(comm.size)),))
-    name, why, transport = _decide(comm.size, nbytes, dtype, mpi, hosts)
+    over_shm = mpi and comm.size > 1 and len(hosts) == 1 and _shm_expected(nbytes, transport)
+    name, why, transport = _decide(comm.size, nbytes, dtype, mpi, hosts, over_shm)
     log_choice(comm, nbytes, dtype, name, why)
     return name, transport
 
@@ -95,9 +117,21 @@ def choose_for(size, nbytes, dtype, hosts=None):
     return _decide(size, nbytes, dtype, False, hosts or (tuple(range(size)),))[0]
 
 
-def _decide(size, nbytes, dtype, mpi, hosts):
-    """(name, why, transport or None), cached per (size, bytes, dtype, MPI or not, hosts)."""
-    key = (size, nbytes, dtype, mpi, hosts)
+def _shm_expected(nbytes, requested):
+    """Whether a call of one node's ranks will move its messages through shared memory when the
+    algorithm leaves the transport open (as ``transport_choice`` decides it). ``requested``
+    None: the call's path has point-to-point messages only (compression, iallreduce)."""
+    if requested is None:
+        return False
+    forced = config.transport()
+    requested = forced if forced != "auto" else requested
+    return requested == "shm" or (requested == "auto" and nbytes >= SHM_MIN_BYTES)
+
+
+def _decide(size, nbytes, dtype, mpi, hosts, over_shm=False):
+    """(name, why, transport or None), cached per (size, bytes, dtype, MPI or not, hosts, over
+    shared memory or not)."""
+    key = (size, nbytes, dtype, mpi, hosts, over_shm)
     hit = _choices.get(key)
     if hit is None:
         from . import tuning
@@ -118,8 +152,15 @@ def _decide(size, nbytes, dtype, mpi, hosts):
             unused = tuning.mismatch(library) if library else None
             hit = (name, f"two-level cost model, {describe_topology(hosts)} ({costs[name] * 1e6:.1f} us predicted)"
                    + (f"; {unused}: not used" if unused else ""), None)
+        elif over_shm:
+            # one node, messages through shared memory: steps cost more than messages
+            candidates = [n for n in _algorithms.names() if n != "two_level"]
+            name, costs = shm_cost_choice(size, nbytes, dtype.itemsize, candidates=candidates)
+            unused = tuning.mismatch(library) if library else None
+            hit = (name, f"cost model over shared memory ({costs[name] * 1e6:.1f} us predicted)"
+                   + (f"; {unused}: not used" if unused else ""), None)
         else:
-            # shm is left to the tuning table: measured here it trails the ring (see RESULTS.md)
+            # the direct plan (shm) asks for shared memory: over MPI messages it trails the ring
             candidates = [n for n in _algorithms.names() if n not in ("shm", "two_level")]
             name, costs = cost_choice(size, nbytes, candidates=candidates)
             unused = tuning.mismatch(library) if library else None

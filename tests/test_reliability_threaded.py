@@ -593,3 +593,40 @@ def test_corrupt_tuning_file_read_by_many_threads_warns_once(tuning_file):
             for t in threads:
                 t.join()
     assert len([w for w in caught if where in str(w.message)]) == 1
+
+
+def test_shm_cost_model_counts_steps_and_survives_a_plugin_that_cannot_build():
+    """Over shared memory a step costs ALPHA_SHM_STEP and a message ALPHA_SHM_MESSAGE: the direct
+    plan (2 steps) beats Rabenseifner (2 log n) and the ring (2(n-1)) at 4 ranks, while at 2 ranks
+    they tie; an algorithm whose plan cannot be built with defaults pays a step per message."""
+    from collectives import select
+    from collectives.model import ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP
+
+    algorithms = importlib.import_module("collectives.algorithms")
+    name, costs = select.shm_cost_choice(4, 4 << 20, 4, candidates=["ring", "rabenseifner", "shm"])
+    assert name == "shm"
+    ring = algorithms.get("ring")
+    assert costs["ring"] == pytest.approx(ring.cost(4, 4 << 20, ALPHA_SHM_MESSAGE, select.BETA, select.GAMMA)
+                                          + 6 * ALPHA_SHM_STEP)
+    _, costs = select.shm_cost_choice(2, 4 << 20, 4, candidates=["ring", "rabenseifner", "shm"])
+    assert len({round(c, 12) for c in costs.values()}) == 1
+
+    class Broken:
+        NAME = "broken_build"
+        OPTIONS = {}
+
+        @staticmethod
+        def build(rank, size, count, itemsize=1):
+            raise RuntimeError("needs a topology")
+
+        @staticmethod
+        def cost(p, nbytes, alpha, beta, gamma):
+            return 2 * (p - 1) * alpha
+
+    algorithms.names()  # the built-ins first
+    algorithms.register("broken_build", Broken)
+    try:
+        _, costs = select.shm_cost_choice(4, 1 << 20, 4, candidates=["broken_build"])
+        assert costs["broken_build"] == pytest.approx(6 * ALPHA_SHM_STEP)
+    finally:
+        algorithms.unregister("broken_build")

@@ -63,11 +63,3 @@ def cost(p, nbytes, alpha, beta, gamma):
     if p == 1:
         return 0.0
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta + (p - 1) / p * nbytes * gamma
-
-
-def shared_cost(p, nbytes, alpha, beta_mem, gamma):
-    """Cost of the shared-memory path: two barriers and memory traffic, no messages."""
-    if p == 1:
-        return 0.0
-    lg = (p - 1).bit_length()
-    return 2 * lg * alpha + (2 * nbytes + 2 * nbytes * (p - 1) / p) * beta_mem + nbytes * gamma

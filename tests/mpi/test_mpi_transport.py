@@ -110,6 +110,41 @@ def test_shared_arrays_live_in_node_memory_and_go_with_their_users():
     agree(ok, "shared arrays: wrong shape, or a dropped one still held")
 
 
+def test_auto_without_a_table_prices_the_transport_the_call_will_use(monkeypatch, tmp_path_factory, caplog):
+    """From SHM_MIN_BYTES on one node, auto's cost model counts steps over shared memory (the
+    direct plan's two against Rabenseifner's 2 log n and the ring's 2(n-1)); asked for MPI, the
+    message model decides as before. The log line says which model chose."""
+    from collectives import select, tuning
+
+    comm = WORLD.Dup()
+    ours = collectives.as_comm(comm)
+    where = WORLD.bcast(str(tmp_path_factory.mktemp("notable") / "none.json") if WORLD.rank == 0 else None)
+    monkeypatch.setenv("COLLECTIVES_TUNING", where)  # no table: the cost model decides
+    monkeypatch.setenv("COLLECTIVES_DEBUG", "INFO")
+    tuning.reload()
+    select.reset()
+    try:
+        x = data(SHM_MIN_BYTES // 8)
+        with caplog.at_level(logging.INFO, logger="collectives"):
+            y = collectives.allreduce(x, comm=comm)
+            z = collectives.allreduce(x, comm=comm, transport="mpi")
+        lines = [r.getMessage() for r in caplog.records if f"{x.nbytes} bytes of float64 ->" in r.getMessage()]
+        single_node = len(ours.hosts()) == 1 and WORLD.size > 1 and shm_transport.available(ours)
+        over_shm, _ = select.shm_cost_choice(WORLD.size, x.nbytes, 8,
+                                             candidates=[n for n in collectives.algorithms() if n != "two_level"])
+        over_mpi = select.choose_pair(ours, x.nbytes, x.dtype, "mpi")[0]
+        ok = np.allclose(y, z) and identical_everywhere(y) and identical_everywhere(z)
+        if single_node:
+            ok = ok and any(f"-> {over_shm} (cost model over shared memory" in line for line in lines)
+            ok = ok and any(f"-> {over_mpi} (cost model (" in line for line in lines)
+            ok = ok and (WORLD.size < 4 or over_shm == "shm")  # two steps beat 2 log n from 4 ranks
+    finally:
+        tuning.reload()
+        select.reset()
+        comm.Free()
+    agree(ok, f"log {lines}")
+
+
 def test_auto_uses_shared_memory_from_its_threshold_and_the_environment_overrides(monkeypatch):
     comm = WORLD.Dup()
     ours = collectives.as_comm(comm)
