@@ -26,6 +26,7 @@ def maybe_check(comm, kind, algorithm, op, dtype, count, params):
 
         agree(comm, kind, algorithm, op, dtype, count, params)
 
+
 _op_checks = {}  # (op, dtype, backend) -> ufunc: the same for every communicator
 
 
@@ -76,8 +77,7 @@ def _failed(comm, what, exc):
     comm.on_failure(exc)
 
 
-def _cached_plan(comm, key, make):
-    """``comm``'s cached plan for ``key`` (its session holds it), made by ``make()`` on first use."""
+def _cached_plan(comm, key, make):  # the session's plan for ``key``, made by ``make()`` on first use
     return comm.session.plan(key, make)
 
 
@@ -86,7 +86,7 @@ def clear_caches():
     windows live and die with their communicator)."""
     _session.clear_all()
     _recent[:] = [_NO_CALL, None, None]
-    _last[:] = [_NO_CALL] * 8
+    _last[:] = [_NO_CALL] * 9
 
 
 def library_memory(comm=None):
@@ -95,8 +95,7 @@ def library_memory(comm=None):
     (the work and scratch buffers of cached small-message programs, each within its message;
     ``program_shapes`` of them) and ``shm_window`` (this rank's segment of the shm window)."""
     held = as_comm(comm).session.memory()
-    return {"scratch": held["scratch"], "programs": held["programs"], "program_shapes": held["program_shapes"],
-            "shm_window": held["windows"]}
+    return {**{k: held[k] for k in ("scratch", "programs", "program_shapes")}, "shm_window": held["windows"]}
 
 
 def _forget(comm):
@@ -104,7 +103,7 @@ def _forget(comm):
     module's memo of the last call where it names ``comm``."""
     comm.session.forget()
     if _last[7] is comm:
-        _last[:] = [_NO_CALL] * 8
+        _last[:] = [_NO_CALL] * 9
     if _recent[1] is comm:
         _recent[:] = [_NO_CALL, None, None]
 
@@ -170,7 +169,7 @@ def _run_program(program, comm, sendbuf, recvbuf):
         raise
 
 
-def _select(name, comm, nbytes, dtype):
+def _select(name, comm, nbytes, dtype):  # (point-to-point paths: compression, iallreduce)
     return _select_pair(name, comm, nbytes, dtype)[0]
 
 
@@ -194,7 +193,7 @@ _no_overrides = config.no_overrides
 _TRANSPORTS = config.TRANSPORTS
 _compression_env = config.is_set
 _NO_CALL = object()
-_last = [_NO_CALL] * 8  # (sendbuf, recvbuf, comm, algorithm, op, dtype, program, our comm) of the last program call
+_last = [_NO_CALL] * 9  # (sendbuf, recvbuf, comm, algorithm, op, dtype, program, our comm, options) of the last program call
 # the comm argument of the last call that took the slow path, our communicator for it, and its
 # session's call shapes (which hold no communicator: no reference cycle keeps a dead one alive)
 _recent = [_NO_CALL, None, None]
@@ -218,10 +217,18 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
 
         return _direct(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual,
                        caller_thread=True)
+    # the call's options (transport= among them) as part of its shape; None: not hashable, no memo
+    shape = ()
+    if options:
+        try:
+            shape = tuple(sorted(options.items()))
+            hash(shape)
+        except TypeError:
+            shape = None
     # the shortest path: the same buffers as the previous call, which ran as a program
     last = _last
     if sendbuf is last[0] and recvbuf is last[1] and comm is last[2] and algorithm == last[3] \
-            and op == last[4] and not options and sendbuf.dtype is last[5] \
+            and op == last[4] and shape == last[8] and sendbuf.dtype is last[5] \
             and _no_overrides():
         try:
             last[6](sendbuf, recvbuf)
@@ -229,10 +236,10 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
             _failed(last[7], last[6].what, exc)
             raise
         return recvbuf
-    # the short path: a call shape seen before, contiguous NumPy buffers, no options
-    if not options and comm is _recent[0] and type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous \
+    # the short path: a call shape seen before, contiguous NumPy buffers
+    if shape is not None and comm is _recent[0] and type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous \
             and _no_overrides():
-        hit = _recent[2].get((algorithm, op, sendbuf.dtype, sendbuf.size))
+        hit = _recent[2].get((algorithm, op, sendbuf.dtype, sendbuf.size, shape))
         if hit is not None:
             ours = _recent[1]
             plan, reduce_fn, final_fn, what, shm, program, sig = hit
@@ -251,7 +258,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
                         _failed(ours, what, exc)
                         raise
                     if result is recvbuf:  # remember the buffers (held until the next call)
-                        _last[:] = (sendbuf, recvbuf, comm, algorithm, op, sendbuf.dtype, program, ours)
+                        _last[:] = (sendbuf, recvbuf, comm, algorithm, op, sendbuf.dtype, program, ours, shape)
                     return result
             else:
                 flat_in = sendbuf.reshape(-1)
@@ -270,10 +277,10 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
                 if result is not None:
                     _run(plan, ours, NUMPY, flat_in, flat_out, reduce_fn, final_fn, what, shm, sig)
                     return result
-    return _allreduce(sendbuf, recvbuf, op, algorithm, comm, options)
+    return _allreduce(sendbuf, recvbuf, op, algorithm, comm, options, shape)
 
 
-def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
+def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options, shape=None):
     user_comm = comm
     transport = options.pop("transport", "auto") if options else "auto"
     if transport not in _TRANSPORTS:
@@ -305,9 +312,7 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     key = ("allreduce", name, comm.size, comm.rank, count, dtype.itemsize, tuple(sorted(params.items())))
     plan = comm.session.plan(key, lambda: module.build(comm.rank, comm.size, count, itemsize=dtype.itemsize,
                                                        **params))
-    if config.check_enabled():
-        from .check import agree
-        agree(comm, "allreduce", name, op, dtype, count, params)
+    maybe_check(comm, "allreduce", name, op, dtype, count, params)
     what = f"allreduce({name})"
     sig = signature("allreduce", name, op, dtype, count, params)
     shm = None
@@ -317,12 +322,11 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options):
     # this call over shared memory (a rank alone on its host meets them through MPI)
     program = _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what) \
         if backend is NUMPY and shm is None and not _shm_forced(module, transport, preferred) else None
-    if not options and transport == "auto" and backend is NUMPY and not config.check_enabled() \
-            and config.forced_algorithm() is None:
+    if shape is not None and backend is NUMPY and not config.check_enabled() and config.forced_algorithm() is None:
         shapes = comm.session.shapes
         if len(shapes) > 1024:
             shapes.clear()
-        shapes[(algorithm, op, dtype, count)] = (plan, reduce_fn, final_fn, what, shm, program, sig)
+        shapes[(algorithm, op, dtype, count, shape)] = (plan, reduce_fn, final_fn, what, shm, program, sig)
         _recent[:] = [user_comm, comm, shapes]
     if program is not None:
         source = sendbuf if backend.is_contiguous(sendbuf) else backend.flat_contiguous(sendbuf)

@@ -223,3 +223,31 @@ def test_a_silent_rank_times_out_naming_the_step_over_shared_memory(monkeypatch)
                 ok, why = False, f"timeout without its step: {exc}"
     comm.Free()
     agree(ok, why)
+
+
+def test_calls_with_options_take_the_memoised_path_after_the_first(monkeypatch):
+    """A call that names its transport or passes an algorithm's options is memoised like a bare
+    call (its options are part of the call's shape): only the first call of each shape takes the
+    full path (the benchmark names a transport on every row)."""
+    from collectives import api
+
+    full = []
+    original = api._allreduce
+
+    def counted(*args):
+        full.append(args[3])
+        return original(*args)
+
+    monkeypatch.setattr(api, "_allreduce", counted)
+    comm = WORLD.Dup()
+    x = data(20_000)
+    out = [collectives.allreduce(x, comm=comm, transport="auto") for _ in range(3)]
+    out += [collectives.allreduce(x, comm=comm, algorithm="tree", segment_bytes=256) for _ in range(3)]
+    out += [collectives.allreduce(x, comm=comm, algorithm="ring", transport="mpi") for _ in range(3)]
+    small = data(8)
+    out += [collectives.allreduce(small, comm=comm, algorithm="ring", transport="mpi") for _ in range(3)]
+    out += [collectives.allreduce(x, comm=comm, algorithm="hierarchical_copy", group_size=1) for _ in range(2)]
+    comm.Free()
+    ok = all(np.allclose(y, out[0]) for y in out[:9]) and all(identical_everywhere(y) for y in out)
+    ok = ok and full == ["auto", "tree", "ring", "ring", "hierarchical_copy"]
+    agree(ok, f"full path taken by {full}")
