@@ -40,15 +40,36 @@ def data(count, call=0):
 
 @pytest.mark.parametrize("algorithm", collectives.algorithms())
 def test_every_algorithm_gives_the_same_bits_over_both_transports(algorithm):
+    agree(*same_bits_over_both_transports(algorithm, None))
+
+
+@pytest.mark.parametrize("algorithm", collectives.algorithms())
+def test_every_algorithm_the_same_with_cross_memory_attach_for_every_message(algorithm, monkeypatch):
+    """As above with CMA_MIN_BYTES at 0 (it is 8 MiB: smaller messages are staged), so that every
+    message a receiver only copies is read out of the sender's process, where the node allows it."""
+    from collectives.comm import shm_layout
+
+    reads = []
+    monkeypatch.setattr(shm_layout, "CMA_MIN_BYTES", 0)
+    monkeypatch.setattr(cma, "read", lambda *args, _read=cma.read: reads.append(1) or _read(*args))
+    comm = WORLD.Dup()  # its own transport: layouts made with the threshold at 0
+    ok, why = same_bits_over_both_transports(algorithm, comm)
+    ours = collectives.as_comm(comm)
+    used = shm_transport.available(ours) and shm_transport.for_comm(ours).cma
+    comm.Free()
+    agree(ok and (not used or WORLD.allreduce(len(reads)) > 0), why or "no message was read by cross-memory attach")
+
+
+def same_bits_over_both_transports(algorithm, comm):
     options = OPTIONS.get(algorithm, {})
     ok, why = True, ""
     for count in COUNTS:
         x = data(count)
         by_transport = {}
         for transport in ("mpi", "shm"):
-            out = collectives.allreduce(x, algorithm=algorithm, transport=transport, **options)
+            out = collectives.allreduce(x, algorithm=algorithm, transport=transport, comm=comm, **options)
             inplace = x.copy()
-            collectives.allreduce(inplace, inplace, algorithm=algorithm, transport=transport, **options)
+            collectives.allreduce(inplace, inplace, algorithm=algorithm, transport=transport, comm=comm, **options)
             by_transport[transport] = out
             if not np.array_equal(out, inplace):
                 ok, why = False, f"{algorithm}@{transport} count={count}: in place differs from out of place"
@@ -60,7 +81,7 @@ def test_every_algorithm_gives_the_same_bits_over_both_transports(algorithm):
         WORLD.Allreduce(x, want, op=MPI.SUM)
         if not np.allclose(by_transport["shm"], want, rtol=1e-12, atol=1e-12 * WORLD.size * 8):
             ok, why = False, f"{algorithm}@shm count={count}: far from MPI_Allreduce"
-    agree(ok, why)
+    return ok, why
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "rabenseifner", "shm", "hierarchical_copy"])
