@@ -104,3 +104,25 @@ def test_rows_name_their_transport_and_run_on_shared_arrays(capsys):
         elif any(row[8] not in ("0", "-") or row[13] not in ("0", "-") for row in rows):
             ok, why = False, "wrong elements on shared arrays"
     assert WORLD.allreduce(bool(ok), op=MPI.LAND), why or "rank 0 found a problem"
+
+
+@pytest.mark.timeout(60)
+def test_every_timed_batch_follows_one_untimed_call_of_its_own_row():
+    """Rounds interleave the rows; each batch of a row is preceded by one call of that row, so no
+    batch starts on buffers the previous row pushed out of the caches."""
+    calls = []
+
+    def row(name, mode):
+        return lambda: calls.append((name, mode))
+
+    runners = {name: (row(name, "oop"), row(name, "ip")) for name in ("native", "a", "b")}
+    times = {name: ([], []) for name in runners}
+
+    class Args:
+        rounds = 3
+
+    allreduce_perf.timed_rounds(Args, runners, times, 4, WORLD)
+    assert all(len(times[name][k]) == 3 for name in runners for k in (0, 1))
+    assert len(calls) == 3 * 3 * 2 * 5  # rounds x rows x modes x (1 untimed + 4 timed)
+    runs = [calls[i:i + 5] for i in range(0, len(calls), 5)]
+    assert all(len(set(run)) == 1 for run in runs), runs  # a row's untimed call, then its batch
