@@ -121,4 +121,3 @@ def test_property_any_world_count_dtype_op(n, count, algorithm, dtype, data):
     expected = reference([r[0] for r in results], op)
     for _, got in results:
         assert bitwise_equal(got, expected)
-
