@@ -45,6 +45,35 @@ def build_plans(algorithm, ranks, count, itemsize=4, topology=None, **options):
     return [module.build(r, ranks, count, itemsize=itemsize, **params) for r in range(ranks)]
 
 
+class Plans:
+    """Every rank's plans of one algorithm (options resolved once) at any element count, flattened:
+    from the algorithm's ``build_all`` (every rank's entries as columns,
+    ``collectives.algorithms._bulk``) where it has one for the case, else from the plans."""
+
+    def __init__(self, algorithm, ranks, itemsize=4, topology=None, **options):
+        self.module = algorithm_module(algorithm)
+        self.ranks, self.itemsize = ranks, itemsize
+        self.params = _params(self.module, ranks, options, topology)
+        self._steps = {}
+
+    def rank0_steps(self, count):
+        """The number of steps of rank 0's plan at ``count`` elements (its plan built once)."""
+        if count not in self._steps:
+            self._steps[count] = len(self.module.build(0, self.ranks, count, itemsize=self.itemsize,
+                                                       **self.params).steps)
+        return self._steps[count]
+
+    def flat(self, count, ops=False):
+        """``_Flat(plans, ops)``; ``ops`` may be a callable of rank 0's step count."""
+        bulk = getattr(self.module, "build_all", None)
+        columns = None if bulk is None else bulk(self.ranks, count, itemsize=self.itemsize, **self.params)
+        if columns is not None:
+            return _Flat.from_columns(columns, ops(int(columns.nsteps[0])) if callable(ops) else ops)
+        plans = [self.module.build(r, self.ranks, count, itemsize=self.itemsize, **self.params)
+                 for r in range(self.ranks)]
+        return _Flat(plans, ops(len(plans[0].steps) if plans else 0) if callable(ops) else ops)
+
+
 # flat plans ------------------------------------------------------------------------------
 # The timing model and the symbolic check both run on every rank's plan at once. The plans
 # (built by the algorithms' own ``build``) are flattened once into arrays: steps numbered
@@ -58,50 +87,87 @@ class _Flat:
 
     def __init__(self, plans, ops=False):
         p = len(plans)
-        self.p = p
-        self.algorithm = plans[0].algorithm if plans else ""
-        self.count = plans[0].count if plans else 0
         nsteps = np.fromiter((len(plan.steps) for plan in plans), np.int64, p)
-        start = np.zeros(p + 1, np.int64)
-        np.cumsum(nsteps + 1, out=start[1:])
-        self.nsteps, self.start = nsteps, start
-        self.in_count = np.fromiter((plan.in_count for plan in plans), np.int64, p)
-        self.out_count = np.fromiter((plan.out_count for plan in plans), np.int64, p)
-        self.tmp_count = np.fromiter((plan.tmp_count for plan in plans), np.int64, p)
-        G = int(start[-1])
-        self.steps_total = G
-        self.step_rank = np.repeat(np.arange(p, dtype=np.int64), nsteps + 1)
+        counts = [np.fromiter((getattr(plan, name) for plan in plans), np.int64, p)
+                  for name in ("in_count", "out_count", "tmp_count")]
         # every rank's steps in one sequence, taken apart once (no loop over ranks)
         steps = list(chain.from_iterable(plan.steps for plan in plans))
         n_real = len(steps)
         s_, r_, l_ = zip(*steps) if steps else ((), (), ())
         del steps
-        # rank r's step s is numbered start[r] + s = (steps before rank r) + r + s
-        at = np.arange(n_real, dtype=np.int64) + np.repeat(np.arange(p, dtype=np.int64), nsteps)
-
-        def offsets(parts):
-            counts = np.zeros(G, np.int64)
-            counts[at] = np.fromiter(map(len, parts), np.int64, n_real)
-            out = np.zeros(G + 1, np.int64)
-            np.cumsum(counts, out=out[1:])
-            return out
-
-        self.ss, self.rs, self.ls = offsets(s_), offsets(r_), offsets(l_)
-        del at
-        nsend, nrecv = int(self.ss[-1]), int(self.rs[-1])
+        per_step = [np.fromiter(map(len, parts), np.int64, n_real) for parts in (s_, r_, l_)]
+        nsend, nrecv = int(per_step[0].sum()), int(per_step[1].sum())
         S = np.fromiter(chain.from_iterable(chain.from_iterable(s_)), np.int64, 5 * nsend).reshape(-1, 5)
         del s_
         R = np.fromiter(chain.from_iterable(chain.from_iterable(r_)), np.int64, 5 * nrecv).reshape(-1, 5)
         del r_
         local = list(chain.from_iterable(l_))
         del l_
+        nops = len(local)
+        if ops:
+            lens = np.fromiter(map(len, local), np.int64, nops)
+            values = np.fromiter(chain.from_iterable(local), np.int64, int(lens.sum()))
+            if nops and (lens == 8).all():
+                L = values.reshape(-1, 8)
+            else:  # FINAL (4) and COPY (6) rows padded to 8 columns with zeros
+                L = np.zeros((nops, 8), np.int64)
+                L[np.repeat(np.arange(nops), lens), np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens)] \
+                    = values
+            kind = L[:, 0].copy()
+            # operands: a for REDUCE and COPY, b for REDUCE only (0 elsewhere)
+            columns = [kind, L[:, 1].copy(), L[:, 2].copy(), np.where(kind == FINAL, 0, L[:, 3]),
+                   np.where(kind == FINAL, 0, L[:, 4]), np.where(kind == REDUCE, L[:, 5], 0),
+                   np.where(kind == REDUCE, L[:, 6], 0),
+                   np.where(kind == REDUCE, L[:, 7], np.where(kind == COPY, L[:, 5], L[:, 3]))]
+            del L, values
+        else:
+            columns = [np.fromiter(map(_first, local), np.int64, nops)] + [None] * 6 + [
+                np.fromiter(map(_last, local), np.int64, nops)]
+        del local
+        self._fill(p, plans[0].algorithm if plans else "", plans[0].count if plans else 0, nsteps, counts,
+                   per_step, S.T.copy(), R.T.copy(), columns)  # rows: contiguous
+
+    @classmethod
+    def from_columns(cls, c, ops=False):
+        """From ``collectives.algorithms._bulk.Columns`` (finished): the arrays the plans would give."""
+        self = cls.__new__(cls)
+        local = c.local if ops else [c.local[0]] + [None] * 6 + [c.local[7]]
+        self._fill(c.p, c.algorithm, c.count, c.nsteps, (c.in_count, c.out_count, c.tmp_count), c.per_step,
+                   c.sends, c.recvs, local)
+        return self
+
+    def _fill(self, p, algorithm, count, nsteps, counts, per_step, S, R, ops):
+        """``per_step``: sends, receives and local operations per real step (ranks in order);
+        ``S``, ``R``: the messages' five columns; ``ops``: the operations' eight (kind, dst, dlo, a,
+        alo, b, blo, n), the middle six None when only kind and n are kept."""
+        self.p, self.algorithm, self.count = p, algorithm, count
+        start = np.zeros(p + 1, np.int64)
+        np.cumsum(nsteps + 1, out=start[1:])
+        self.nsteps, self.start = nsteps, start
+        self.in_count, self.out_count, self.tmp_count = counts
+        G = int(start[-1])
+        self.steps_total = G
+        self.step_rank = np.repeat(np.arange(p, dtype=np.int64), nsteps + 1)
+        # rank r's step s is numbered start[r] + s = (steps before rank r) + r + s
+        n_real = int(nsteps.sum())
+        at = np.arange(n_real, dtype=np.int64) + np.repeat(np.arange(p, dtype=np.int64), nsteps)
+
+        def offsets(n):
+            counts = np.zeros(G, np.int64)
+            counts[at] = n
+            out = np.zeros(G + 1, np.int64)
+            np.cumsum(counts, out=out[1:])
+            return out
+
+        self.ss, self.rs, self.ls = (offsets(n) for n in per_step)
+        del at
         gid = np.arange(G, dtype=np.int64)
         self.s_step = np.repeat(gid, np.diff(self.ss))
         self.r_step = np.repeat(gid, np.diff(self.rs))
         self.s_rank = self.step_rank[self.s_step]
         self.r_rank = self.step_rank[self.r_step]
-        self.s_peer, self.s_buf, self.s_lo, self.s_hi, self.s_chan = S.T.copy()  # rows: contiguous
-        self.r_peer, self.r_buf, self.r_lo, self.r_hi, self.r_chan = R.T.copy()
+        self.s_peer, self.s_buf, self.s_lo, self.s_hi, self.s_chan = S
+        self.r_peer, self.r_buf, self.r_lo, self.r_hi, self.r_chan = R
         del S, R
         for peer, rank, step, buf, lo, verb in (
                 (self.s_peer, self.s_rank, self.s_step, self.s_buf, self.s_lo, "sends to"),
@@ -116,29 +182,9 @@ class _Flat:
         self.s_len = self.s_hi - self.s_lo
         self.r_len = self.r_hi - self.r_lo
         self.l_step = np.repeat(gid, np.diff(self.ls))
-        nops = len(local)
-        if ops:
-            lens = np.fromiter(map(len, local), np.int64, nops)
-            values = np.fromiter(chain.from_iterable(local), np.int64, int(lens.sum()))
-            if nops and (lens == 8).all():
-                L = values.reshape(-1, 8)
-            else:  # FINAL (4) and COPY (6) rows padded to 8 columns with zeros
-                L = np.zeros((nops, 8), np.int64)
-                L[np.repeat(np.arange(nops), lens), np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens)] \
-                    = values
-            kind = L[:, 0]
-            self.l_kind = kind.copy()
-            self.l_dst, self.l_dlo = L[:, 1].copy(), L[:, 2].copy()
-            # operands: a for REDUCE and COPY, b for REDUCE only (0 elsewhere)
-            self.l_a = np.where(kind == FINAL, 0, L[:, 3])
-            self.l_alo = np.where(kind == FINAL, 0, L[:, 4])
-            self.l_b = np.where(kind == REDUCE, L[:, 5], 0)
-            self.l_blo = np.where(kind == REDUCE, L[:, 6], 0)
-            self.l_n = np.where(kind == REDUCE, L[:, 7], np.where(kind == COPY, L[:, 5], L[:, 3]))
-        else:
-            self.l_kind = np.fromiter(map(_first, local), np.int64, nops)
-            self.l_n = np.fromiter(map(_last, local), np.int64, nops)
-        del local
+        self.l_kind, self.l_n = ops[0], ops[7]
+        if ops[1] is not None:
+            self.l_dst, self.l_dlo, self.l_a, self.l_alo, self.l_b, self.l_blo = ops[1:7]
         reduces = self.l_kind == REDUCE
         self.work = np.bincount(self.l_step[reduces], weights=self.l_n[reduces], minlength=G).astype(np.int64)
         self._pair()
