@@ -68,7 +68,13 @@ class Plans:
         bulk = getattr(self.module, "build_all", None)
         columns = None if bulk is None else bulk(self.ranks, count, itemsize=self.itemsize, **self.params)
         if columns is not None:
-            return _Flat.from_columns(columns, ops(int(columns.nsteps[0])) if callable(ops) else ops)
+            flat = _Flat.from_columns(columns, ops(int(columns.nsteps[0])) if callable(ops) else ops)
+            for rank in sorted({0, 1, self.ranks // 2, self.ranks - 1}):  # build_all against build, spot-checked
+                plan = self.module.build(rank, self.ranks, count, itemsize=self.itemsize, **self.params)
+                if not flat.holds(rank, plan):
+                    raise RuntimeError(f"{flat.algorithm}: build_all differs from build at rank {rank} of "
+                                       f"{self.ranks}, count {count}")
+            return flat
         plans = [self.module.build(r, self.ranks, count, itemsize=self.itemsize, **self.params)
                  for r in range(self.ranks)]
         return _Flat(plans, ops(len(plans[0].steps) if plans else 0) if callable(ops) else ops)
@@ -80,6 +86,27 @@ class Plans:
 # globally (rank r's step s is ``start[r] + s``, with one unused number between ranks),
 # messages in post order with their matching message on the other side, local operations.
 _first, _last = operator.itemgetter(0), operator.itemgetter(-1)
+
+
+def _decode(local, full):
+    """Columns of local operations (plan entries): kind, dst, dlo, a, alo, b, blo, n, with a for
+    REDUCE and COPY and b for REDUCE only (0 elsewhere); the middle six None unless ``full``."""
+    nops = len(local)
+    if not full:
+        return [np.fromiter(map(_first, local), np.int64, nops)] + [None] * 6 + [
+            np.fromiter(map(_last, local), np.int64, nops)]
+    lens = np.fromiter(map(len, local), np.int64, nops)
+    values = np.fromiter(chain.from_iterable(local), np.int64, int(lens.sum()))
+    if nops and (lens == 8).all():
+        L = values.reshape(-1, 8)
+    else:  # FINAL (4) and COPY (6) rows padded to 8 columns with zeros
+        L = np.zeros((nops, 8), np.int64)
+        L[np.repeat(np.arange(nops), lens), np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens)] = values
+    kind = L[:, 0].copy()
+    return [kind, L[:, 1].copy(), L[:, 2].copy(), np.where(kind == FINAL, 0, L[:, 3]),
+            np.where(kind == FINAL, 0, L[:, 4]), np.where(kind == REDUCE, L[:, 5], 0),
+            np.where(kind == REDUCE, L[:, 6], 0),
+            np.where(kind == REDUCE, L[:, 7], np.where(kind == COPY, L[:, 5], L[:, 3]))]
 
 
 class _Flat:
@@ -103,26 +130,7 @@ class _Flat:
         del r_
         local = list(chain.from_iterable(l_))
         del l_
-        nops = len(local)
-        if ops:
-            lens = np.fromiter(map(len, local), np.int64, nops)
-            values = np.fromiter(chain.from_iterable(local), np.int64, int(lens.sum()))
-            if nops and (lens == 8).all():
-                L = values.reshape(-1, 8)
-            else:  # FINAL (4) and COPY (6) rows padded to 8 columns with zeros
-                L = np.zeros((nops, 8), np.int64)
-                L[np.repeat(np.arange(nops), lens), np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens)] \
-                    = values
-            kind = L[:, 0].copy()
-            # operands: a for REDUCE and COPY, b for REDUCE only (0 elsewhere)
-            columns = [kind, L[:, 1].copy(), L[:, 2].copy(), np.where(kind == FINAL, 0, L[:, 3]),
-                   np.where(kind == FINAL, 0, L[:, 4]), np.where(kind == REDUCE, L[:, 5], 0),
-                   np.where(kind == REDUCE, L[:, 6], 0),
-                   np.where(kind == REDUCE, L[:, 7], np.where(kind == COPY, L[:, 5], L[:, 3]))]
-            del L, values
-        else:
-            columns = [np.fromiter(map(_first, local), np.int64, nops)] + [None] * 6 + [
-                np.fromiter(map(_last, local), np.int64, nops)]
+        columns = _decode(local, ops)
         del local
         self._fill(p, plans[0].algorithm if plans else "", plans[0].count if plans else 0, nsteps, counts,
                    per_step, S.T.copy(), R.T.copy(), columns)  # rows: contiguous
@@ -224,6 +232,31 @@ class _Flat:
         hit[hit] = cr[pos[hit]] == cs[hit]
         self.s_match[order_s[hit]] = order_r[pos[hit]]
         self.r_match[order_r[pos[hit]]] = order_s[hit]
+
+    def holds(self, rank, plan):
+        """Whether ``rank``'s rows are ``plan``'s entries: its counts, every message, and the kind and
+        length of every local operation (tests/test_bulk.py compares every field)."""
+        g, n = int(self.start[rank]), int(self.nsteps[rank])
+        steps = plan.steps
+        if len(steps) != n or (plan.in_count, plan.out_count, plan.tmp_count) != (
+                self.in_count[rank], self.out_count[rank], self.tmp_count[rank]):
+            return False
+        for part, offsets, columns in ((0, self.ss, "s_peer s_buf s_lo s_hi s_chan"),
+                                       (1, self.rs, "r_peer r_buf r_lo r_hi r_chan"),
+                                       (2, self.ls, "l_kind l_n")):
+            counts = np.fromiter((len(step[part]) for step in steps), np.int64, n)
+            if not np.array_equal(np.diff(offsets[g:g + n + 1]), counts):
+                return False
+            entries = list(chain.from_iterable(step[part] for step in steps))
+            lo, hi = int(offsets[g]), int(offsets[g + n])
+            mine = [getattr(self, name)[lo:hi] for name in columns.split()]
+            if part == 2:
+                theirs = [c for c in _decode(entries, False) if c is not None]
+            else:
+                theirs = np.fromiter(chain.from_iterable(entries), np.int64, 5 * len(entries)).reshape(-1, 5).T
+            if not all(np.array_equal(a, b) for a, b in zip(mine, theirs)):
+                return False
+        return True
 
     def local_step(self, g):
         return int(g - self.start[self.step_rank[g]])

@@ -48,3 +48,17 @@ def test_several_hosts_and_small_cases_build_every_plan():
     assert algorithm_module("ring").build_all(8, 7, 4) is None  # an empty chunk
     for name, options in (("two_level", {"groups": (0, 0, 1, 1, 2, 2)}), ("hierarchical_copy", {"group_size": 2})):
         assert_same(Plans(name, 6, 4, **options).flat(100), _Flat(build_plans(name, 6, 100, 4, **options)), name)
+
+
+def test_a_bulk_path_that_drifts_from_build_is_caught(monkeypatch):
+    module = algorithm_module("ring")
+    real = module.build_all
+
+    def drifted(size, count, itemsize=1):
+        columns = real(size, count, itemsize)
+        columns.recvs[2][-1] += 1  # the last rank's last receive one element off
+        return columns
+
+    monkeypatch.setattr(module, "build_all", drifted)
+    with pytest.raises(RuntimeError, match="build_all differs from build at rank 7"):
+        collectives.simulate("ring", ranks=8, nbytes=4000)
