@@ -1,4 +1,5 @@
-"""Every rank's plan at once: built with the algorithm's own ``build``, flattened into arrays.
+"""Every rank's plan at once: built with the algorithm's own ``build`` (or its ``build_all``,
+the same entries as numpy columns), flattened into arrays.
 
 The timing model (``collectives.simulate``) and the symbolic check (``collectives.symbolic``)
 both read the plans of all ranks as flat numpy arrays: steps numbered globally, messages in

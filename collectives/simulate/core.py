@@ -1,5 +1,6 @@
 """The public call: ``simulate(algorithm, ranks, nbytes, ...)`` builds every rank's plan with the
-algorithm's own ``build``, times them (``timing``, ``_waves``) and checks them (``verification``)."""
+algorithm's own ``build`` (or ``build_all``: ``flat.Plans``), times them (``timing``, ``_waves``)
+and checks them (``verification``)."""
 from dataclasses import dataclass, field
 
 from ..flat import Plans
