@@ -6,9 +6,8 @@ log-step ones at 65,536, each in a fresh process, wall and CPU time.
 
 A measurement, not a test: the times depend on the machine and on what else runs on it (the
 load average is printed before and after). Each row is one ``collectives.simulate`` call:
-every rank's plan built by the algorithm's own ``build`` (or, for the algorithms that have
-one, ``build_all``: the same entries as numpy columns), the timing model, and the symbolic check
-out of place and in place.
+every rank's plan built by the algorithm's own ``build``, the timing model, and the
+symbolic check out of place and in place.
 """
 import argparse
 import json

@@ -2,9 +2,7 @@
 
 A module provides ``NAME``, ``OPTIONS`` (name -> Option), ``build(rank, size,
 count, itemsize, **params) -> Plan`` and ``cost(p, nbytes, alpha, beta, gamma,
-**options)``; optionally ``build_all(size, count, itemsize, **params)`` (every rank's plan
-at once as numpy columns, ``_bulk``, for the simulator: the same entries as ``build``, or None
-where it has no such path), ``resolve(options, hosts)`` (options that need the topology, such as
+**options)``; optionally ``resolve(options, hosts)`` (options that need the topology, such as
 node groups: ``hosts`` holds the ranks of each host, as ``resolve`` below takes it),
 ``check(options, size)``, and ``TRANSPORT``
 (``"shm"`` or ``"mpi"``: the transport the algorithm asks for where the peers share a node;

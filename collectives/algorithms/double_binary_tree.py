@@ -20,7 +20,6 @@ Reference: Sanders, Speck and Träff, Parallel Computing 35(12), 2009; NCCL 2.4
 """
 from ..plan import PlanBuilder
 from .. import phases as _phases
-from . import _bulk
 from ._options import Option, positive_int
 
 NAME = "double_binary_tree"
@@ -96,27 +95,6 @@ def build(rank, size, count, itemsize=1, segment_bytes=DEFAULT_SEGMENT_BYTES):
                                depths[tree], max_depth, chan=tree)
     b.join(tracks)
     return b.build()
-
-
-def build_all(size, count, itemsize=1, segment_bytes=DEFAULT_SEGMENT_BYTES):
-    """Every rank's plan as columns for the simulator (``_bulk``), or None: the same entries."""
-    if size < 2 or count < 2:
-        return None
-    half = (count + 1) // 2
-    segment = max(1, segment_bytes // itemsize)
-    segs = [_bulk.segments(0, half, segment), _bulk.segments(half, count, segment)]
-    trees = [_bulk.links(*zip(*(tree_links(tree, r, size) for r in range(size)))) for tree in (0, 1)]
-    max_depth = size.bit_length()
-    c = _bulk.Columns(NAME, size, count)
-    # the two trees' tracks side by side: tree A's scratch first, then tree B's
-    widths = [int((hi - lo).max()) for lo, hi in segs]
-    slots = [(children >= 0).sum(axis=1) * width for (_, children, _), width in zip(trees, widths)]
-    tmp = [0, slots[0]]
-    t = max([_bulk.tree_reduce(c, 0, *trees[tree], max_depth, segs[tree], tmp[tree], chan=tree) for tree in (0, 1)])
-    for tree in (0, 1):
-        _bulk.tree_broadcast(c, t, *trees[tree], max_depth, segs[tree], chan=tree)
-    c.tmp_count[:] = slots[0] + slots[1]
-    return c.finish()
 
 
 def cost(p, nbytes, alpha, beta, gamma, segment_bytes=DEFAULT_SEGMENT_BYTES):

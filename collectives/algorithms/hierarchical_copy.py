@@ -21,9 +21,8 @@ small groups with fast links inside and a slower network between them.
 Reference: TensorFlow, tensorflow/python/distribute/cross_device_ops.py
 (HierarchicalCopyAllReduce), and all_reduce.py's build_shuffle_then_ring.
 """
-from ..plan import COPY, FINAL, IN, OUT, REDUCE, TMP, PlanBuilder, block_bounds
+from ..plan import IN, OUT, TMP, PlanBuilder, block_bounds
 from .. import phases as _phases
-from . import _bulk
 from ._options import Option, groups_of, optional_positive_int
 
 NAME = "hierarchical_copy"
@@ -44,15 +43,6 @@ def groups_for(size, group_size):
     return tuple(r // group_size for r in range(size))
 
 
-def _segments(ngroups, k, width, count):
-    """Segments of the first phase and their width, for groups of ``k`` and parts of ``width``."""
-    most_led = -(-ngroups // k)  # the same on every member: leaders lead ceil(g/k) parts at most
-    nseg = max(1, min(width, -(-most_led * (k - 1) * width // max(count, 1))))
-    while nseg < width and most_led * (k - 1) * -(-width // nseg) > count:
-        nseg += 1  # rounding up the segment width may overshoot by a few elements
-    return nseg, (-(-width // nseg) if width else 0)
-
-
 def build(rank, size, count, itemsize=1, groups=None):
     groups = groups_for(size, size) if groups is None else groups
     members = {}
@@ -70,36 +60,42 @@ def build(rank, size, count, itemsize=1, groups=None):
     # of every led part from every member per step, so its scratch stays within the message
     width = max(bounds[p + 1] - bounds[p] for p in range(ngroups))
     k = len(mine)
-    nseg, seg_width = _segments(ngroups, k, width, count)
+    most_led = -(-ngroups // k)  # the same on every member: leaders lead ceil(g/k) parts at most
+    nseg = max(1, min(width, -(-most_led * (k - 1) * width // max(count, 1))))
+    while nseg < width and most_led * (k - 1) * -(-width // nseg) > count:
+        nseg += 1  # rounding up the segment width may overshoot by a few elements
+    seg_width = -(-width // nseg) if width else 0
     slots = {}
     for part in led:
         for member in mine:
             if member != rank:
                 slots[part, member] = b.scratch(seg_width)
-    others = [member for member in mine if member != rank]  # in rank order: a fixed reduction order
-    for seg in range(nseg):  # whole steps at once (a leader's steps hold a message per member)
+    for seg in range(nseg):
+        b.step()
         pieces = []  # (part, lo, hi) of this segment, parts that still have elements in it
         for part in range(ngroups):
             lo, hi = bounds[part], bounds[part + 1]
             slo, shi = min(hi, lo + seg * seg_width), min(hi, lo + (seg + 1) * seg_width)
             if slo < shi:
                 pieces.append((part, slo, shi))
-        sends, recvs, local = [], [], []
         for part, slo, shi in pieces:
             owner = leader(part, mine)
             if owner != rank:
-                sends.append((owner, IN, slo, shi, 0))
+                b.send(owner, IN, slo, shi)
             else:
-                recvs += [(m, TMP, slots[part, m], slots[part, m] + shi - slo, 0) for m in others]
+                for member in mine:
+                    if member != rank:
+                        b.recv(member, TMP, slots[part, member], slots[part, member] + shi - slo)
         for part, slo, shi in pieces:
-            if leader(part, mine) == rank:
-                if others:
-                    first = slots[part, others[0]]
-                    local.append((REDUCE, OUT, slo, IN, slo, TMP, first, shi - slo))
-                    local += [(REDUCE, OUT, slo, OUT, slo, TMP, slots[part, m], shi - slo) for m in others[1:]]
-                else:
-                    local.append((COPY, OUT, slo, IN, slo, shi - slo))
-        b.add_step(tuple(sends), tuple(recvs), tuple(local))
+            if leader(part, mine) != rank:
+                continue
+            have = IN
+            for member in mine:  # members in rank order: a fixed reduction order
+                if member != rank:
+                    b.reduce(OUT, slo, have, slo, TMP, slots[part, member], shi - slo)
+                    have = OUT
+            if have == IN:
+                b.copy(OUT, slo, IN, slo, shi - slo)
     if slots:
         b.release(min(slots.values()))
 
@@ -131,30 +127,6 @@ def build(rank, size, count, itemsize=1, groups=None):
         else:
             b.recv(owner, OUT, lo, hi)
     return b.build()
-
-
-def build_all(size, count, itemsize=1, groups=None):
-    """Every rank's plan as columns for the simulator (``_bulk``) for one group, else None: the
-    same entries. Rank 0 leads the one part; its ring of one only applies FINAL."""
-    if size < 2 or count < 1 or (groups is not None and len(set(groups)) > 1):
-        return None
-    np = _bulk.np
-    nseg, width = _segments(1, size, count, count)
-    lo = np.arange(nseg, dtype=np.int64) * width
-    t = np.flatnonzero(lo < count)[:, None]  # the segments that have elements
-    lo = lo[t]
-    n = np.minimum(count, lo + width) - lo
-    member = np.arange(1, size, dtype=np.int64)[None, :]
-    slot = (member - 1) * width
-    c = _bulk.Columns(NAME, size, count)
-    c.send(member.T, t.T, 0, IN, lo.T, (lo + n).T)
-    c.recv(0, t, member, TMP, slot, slot + n)
-    c.op(0, t, REDUCE, OUT, lo, np.where(member == 1, IN, OUT), lo, TMP, slot, n)
-    c.op(0, nseg, FINAL, OUT, 0, 0, 0, 0, 0, count)
-    c.send(0, nseg + 1, member, OUT, 0, count)
-    c.recv(member, nseg + 1, 0, OUT, 0, count)
-    c.tmp_count[0] = (size - 1) * width
-    return c.finish()
 
 
 def cost(p, nbytes, alpha, beta, gamma, group_size=None, alpha_inter=None, beta_inter=None):

@@ -18,7 +18,6 @@ clusters of workstations", JPDC 69(2), 2009.
 """
 from ..plan import PlanBuilder, block_bounds
 from .. import phases as _phases
-from . import _bulk
 
 NAME = "ring"
 OPTIONS = {}
@@ -33,11 +32,6 @@ def build(rank, size, count, itemsize=1):
     # all-gather
     _phases.ring_allgather(b, ranks, bounds)
     return b.build()
-
-
-def build_all(size, count, itemsize=1):
-    """Every rank's plan as columns for the simulator (``_bulk``), or None: the same entries."""
-    return _bulk.ring(NAME, size, count)
 
 
 def cost(p, nbytes, alpha, beta, gamma):

@@ -22,8 +22,7 @@ Reference: the "one-shot/two-shot" all-reduce of Jocksch et al., "Optimised all-
 communication on multicore architectures applied to FFTs" (2020); NCCL's intra-node LL
 protocols work the same way.
 """
-from ..plan import FINAL, IN, OUT, REDUCE, TMP, PlanBuilder, block_bounds
-from . import _bulk
+from ..plan import IN, OUT, TMP, PlanBuilder, block_bounds
 
 NAME = "shm"
 OPTIONS = {}
@@ -58,27 +57,6 @@ def build(rank, size, count, itemsize=1):
             b.send(peer, OUT, lo, hi)
             b.recv(peer, OUT, bounds[peer], bounds[peer + 1])
     return b.build()
-
-
-def build_all(size, count, itemsize=1):
-    """Every rank's plan as columns for the simulator (``_bulk``), or None: the same entries."""
-    if size < 2 or count < size:
-        return None
-    np = _bulk.np
-    bl = _bulk.bounds_array(block_bounds(count, size))
-    c = _bulk.Columns(NAME, size, count)
-    rank = np.arange(size, dtype=np.int64)[:, None]
-    j = np.arange(size - 1, dtype=np.int64)[None, :]
-    peer = j + (j >= rank)  # every other rank, in order; its slot is j blocks of my width
-    lo, width = bl[rank], bl[rank + 1] - bl[rank]
-    c.send(rank, 0, peer, IN, bl[peer], bl[peer + 1])
-    c.recv(rank, 0, peer, TMP, j * width, (j + 1) * width)
-    c.op(rank, 0, REDUCE, OUT, lo, np.where(j == 0, IN, OUT), lo, TMP, j * width, width)
-    c.op(rank, 0, FINAL, OUT, lo, 0, 0, 0, 0, width)
-    c.send(rank, 1, peer, OUT, lo, lo + width)
-    c.recv(rank, 1, peer, OUT, bl[peer], bl[peer + 1])
-    c.tmp_count[:] = (size - 1) * width[:, 0]
-    return c.finish()
 
 
 def cost(p, nbytes, alpha, beta, gamma):

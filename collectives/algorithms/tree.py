@@ -18,7 +18,6 @@ broadcast, reduction and scan", Parallel Computing 35(12), 2009.
 """
 from ..plan import PlanBuilder
 from .. import phases as _phases
-from . import _bulk
 from ._options import Option, positive_int
 
 NAME = "tree"
@@ -42,20 +41,6 @@ def build(rank, size, count, itemsize=1, segment_bytes=DEFAULT_SEGMENT_BYTES):
     # broadcast down the tree
     _phases.tree_broadcast(b, parent, children, segs, depth, max_depth)
     return b.build()
-
-
-def build_all(size, count, itemsize=1, segment_bytes=DEFAULT_SEGMENT_BYTES):
-    """Every rank's plan as columns for the simulator (``_bulk``), or None: the same entries."""
-    if size < 2 or count < 1:
-        return None
-    segs = _bulk.segments(0, count, max(1, segment_bytes // itemsize))
-    parent, children, depth = _bulk.links(*zip(*(heap_links(r, size) for r in range(size))))
-    max_depth = size.bit_length() - 1
-    c = _bulk.Columns(NAME, size, count)
-    t = _bulk.tree_reduce(c, 0, parent, children, depth, max_depth, segs, 0)
-    _bulk.tree_broadcast(c, t, parent, children, depth, max_depth, segs)
-    c.tmp_count[:] = (children >= 0).sum(axis=1) * int((segs[1] - segs[0]).max())
-    return c.finish()
 
 
 def cost(p, nbytes, alpha, beta, gamma, segment_bytes=DEFAULT_SEGMENT_BYTES):

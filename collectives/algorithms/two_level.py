@@ -32,7 +32,7 @@ split between intra- and inter-node steps.
 """
 from ..plan import NCHANNELS, OUT, PlanBuilder, block_bounds
 from .. import phases as _phases
-from . import _bulk, double_binary_tree as _dbt
+from . import double_binary_tree as _dbt
 from ._options import Option, groups_of, optional_positive_int
 
 NAME = "two_level"
@@ -151,13 +151,6 @@ def build(rank, size, count, itemsize=1, groups=None, inter="ring", chunks=None)
     if chunks > 1:
         b.join(tracks)
     return b.build()
-
-
-def build_all(size, count, itemsize=1, groups=None, inter="ring", chunks=None):
-    """Every rank's plan as columns for the simulator (``_bulk``) on one host (a ring), else None."""
-    if groups is not None and len(set(groups)) > 1:
-        return None
-    return _bulk.ring(NAME, size, count)
 
 
 def _across(b, inter, peers, lo, hi, itemsize, chan=0):

@@ -1,10 +1,8 @@
 """Simulator: every algorithm at thousands of ranks, from the same plans the executor runs.
 
 ``collectives.simulate(algorithm, ranks=p, nbytes=n, alpha=a, beta=b, gamma=g, **options)``
-builds the plan of every rank with the algorithm's own ``build`` (ring, the trees, shm,
-hierarchical_copy on one node and two_level on one host give the same entries for every rank
-at once, ``build_all``: tests/test_bulk.py holds them equal to ``build``, and each run
-compares four ranks' plans against them), then
+builds the plan of every rank with the algorithm's own ``build`` (no second copy of any
+algorithm exists), then
 
 - runs them through a discrete-event model: a message of m bytes takes alpha + m beta, a
   rank sends one message and receives one at a time (its send and receive ports), messages

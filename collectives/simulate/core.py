@@ -1,9 +1,8 @@
 """The public call: ``simulate(algorithm, ranks, nbytes, ...)`` builds every rank's plan with the
-algorithm's own ``build`` (or ``build_all``: ``flat.Plans``), times them (``timing``, ``_waves``)
-and checks them (``verification``)."""
+algorithm's own ``build``, times them (``timing``, ``_waves``) and checks them (``verification``)."""
 from dataclasses import dataclass, field
 
-from ..flat import Plans
+from ..flat import _Flat, build_plan, build_plans
 from ..model import ALPHA, BETA, GAMMA
 from ..plan import PlanError
 from .timing import critical_path as _critical_path, time_plans as _time
@@ -58,9 +57,11 @@ def simulate(algorithm, ranks, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, *, t
 
 
 def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, verify_data, record, options):
-    plans = Plans(algorithm, ranks, itemsize, topology, **options)
-    # operations flattened only when the check runs on these plans (not on smaller ones built again)
-    flat = plans.flat(count, lambda steps: verify_data and not _small(steps, ranks, count, plans.rank0_steps))
+    plans = build_plans(algorithm, ranks, count, itemsize, topology, **options)
+    probe = lambda n: build_plan(algorithm, 0, ranks, n, itemsize, topology, **options)  # noqa: E731
+    ops = verify_data and not _small(len(plans[0].steps) if plans else 0, ranks, count, probe)
+    flat = _Flat(plans, ops=ops)  # operations flattened only when the check runs on these plans
+    del plans  # the flat arrays hold everything the model and the check read
     finish, links, messages = _time(None, alpha, beta, gamma, itemsize, topology, record, flat=flat)
     result = SimResult(algorithm, ranks, count * itemsize, max(finish) if finish else 0.0, False,
                        steps=int(flat.nsteps.max()) if ranks else 0,
@@ -72,7 +73,7 @@ def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, v
     if verify_data:
         try:
             result.verify_mode = verify_flat(
-                flat, count, lambda n: plans.flat(n, True), plans.rank0_steps)
+                flat, count, lambda n: build_plans(algorithm, ranks, n, itemsize, topology, **options), probe)
             result.verified = True
         except PlanError as exc:
             result.verify_error = str(exc)

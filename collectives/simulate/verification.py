@@ -11,23 +11,22 @@ def _small(flat_steps, ranks, count, probe):
     """True when the plans at ``verify_count`` are much smaller than at ``count`` (pipelined trees:
     fewer segments), so building them again is cheaper than the check on atoms."""
     vcount = verify_count(ranks, count)
-    return vcount < count and probe is not None and 4 * probe(vcount) < flat_steps
+    return vcount < count and probe is not None and 4 * len(probe(vcount).steps) < flat_steps
 
 
 def verify_flat(flat, count, rebuild, probe=None):
     """Both checks (out of place, in place) of every rank's plan at ``count`` elements, from
     ``flat`` (built with ops=True); returns the engine's name. Above ``verify_count`` elements,
     the check runs at the real count on atoms (``collectives.atoms``) when they are few, else
-    on ``rebuild(verify_count)`` (plans, or flat plans with their operations)."""
+    on ``rebuild(verify_count)``'s plans."""
     vcount = verify_count(flat.p, count)
     if vcount < count:
         # atoms save building every plan again, unless the smaller plans are much smaller (pipelined
-        # trees: fewer segments); ``probe(n)`` is rank 0's step count at n elements
+        # trees: fewer segments); ``probe(n)`` is rank 0's plan at n elements
         small = not hasattr(flat, "l_dst") or _small(int(flat.nsteps[0]), flat.p, count, probe)
         atoms = None if small else atomize(flat, limit=4 * vcount + 64)
         if atoms is None:
-            flat = rebuild(vcount)  # flat plans, or a list of plans
-            flat = flat if isinstance(flat, _Flat) else _Flat(flat, ops=True)
+            flat = _Flat(rebuild(vcount), ops=True)
         else:
             for in_place in (False, True):  # the rules that need no data, on the real elements
                 _Verifier(flat, None, in_place).static_checks()
