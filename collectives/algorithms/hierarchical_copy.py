@@ -21,7 +21,7 @@ small groups with fast links inside and a slower network between them.
 Reference: TensorFlow, tensorflow/python/distribute/cross_device_ops.py
 (HierarchicalCopyAllReduce), and all_reduce.py's build_shuffle_then_ring.
 """
-from ..plan import IN, OUT, TMP, PlanBuilder, block_bounds
+from ..plan import COPY, IN, OUT, REDUCE, TMP, PlanBuilder, block_bounds
 from .. import phases as _phases
 from ._options import Option, groups_of, optional_positive_int
 
@@ -43,6 +43,15 @@ def groups_for(size, group_size):
     return tuple(r // group_size for r in range(size))
 
 
+def _segments(ngroups, k, width, count):
+    """Segments of the first phase and their width, for groups of ``k`` and parts of ``width``."""
+    most_led = -(-ngroups // k)  # the same on every member: leaders lead ceil(g/k) parts at most
+    nseg = max(1, min(width, -(-most_led * (k - 1) * width // max(count, 1))))
+    while nseg < width and most_led * (k - 1) * -(-width // nseg) > count:
+        nseg += 1  # rounding up the segment width may overshoot by a few elements
+    return nseg, (-(-width // nseg) if width else 0)
+
+
 def build(rank, size, count, itemsize=1, groups=None):
     groups = groups_for(size, size) if groups is None else groups
     members = {}
@@ -60,42 +69,36 @@ def build(rank, size, count, itemsize=1, groups=None):
     # of every led part from every member per step, so its scratch stays within the message
     width = max(bounds[p + 1] - bounds[p] for p in range(ngroups))
     k = len(mine)
-    most_led = -(-ngroups // k)  # the same on every member: leaders lead ceil(g/k) parts at most
-    nseg = max(1, min(width, -(-most_led * (k - 1) * width // max(count, 1))))
-    while nseg < width and most_led * (k - 1) * -(-width // nseg) > count:
-        nseg += 1  # rounding up the segment width may overshoot by a few elements
-    seg_width = -(-width // nseg) if width else 0
+    nseg, seg_width = _segments(ngroups, k, width, count)
     slots = {}
     for part in led:
         for member in mine:
             if member != rank:
                 slots[part, member] = b.scratch(seg_width)
-    for seg in range(nseg):
-        b.step()
+    others = [member for member in mine if member != rank]  # in rank order: a fixed reduction order
+    for seg in range(nseg):  # whole steps at once (a leader's steps hold a message per member)
         pieces = []  # (part, lo, hi) of this segment, parts that still have elements in it
         for part in range(ngroups):
             lo, hi = bounds[part], bounds[part + 1]
             slo, shi = min(hi, lo + seg * seg_width), min(hi, lo + (seg + 1) * seg_width)
             if slo < shi:
                 pieces.append((part, slo, shi))
+        sends, recvs, local = [], [], []
         for part, slo, shi in pieces:
             owner = leader(part, mine)
             if owner != rank:
-                b.send(owner, IN, slo, shi)
+                sends.append((owner, IN, slo, shi, 0))
             else:
-                for member in mine:
-                    if member != rank:
-                        b.recv(member, TMP, slots[part, member], slots[part, member] + shi - slo)
+                recvs += [(m, TMP, slots[part, m], slots[part, m] + shi - slo, 0) for m in others]
         for part, slo, shi in pieces:
-            if leader(part, mine) != rank:
-                continue
-            have = IN
-            for member in mine:  # members in rank order: a fixed reduction order
-                if member != rank:
-                    b.reduce(OUT, slo, have, slo, TMP, slots[part, member], shi - slo)
-                    have = OUT
-            if have == IN:
-                b.copy(OUT, slo, IN, slo, shi - slo)
+            if leader(part, mine) == rank:
+                if others:
+                    first = slots[part, others[0]]
+                    local.append((REDUCE, OUT, slo, IN, slo, TMP, first, shi - slo))
+                    local += [(REDUCE, OUT, slo, OUT, slo, TMP, slots[part, m], shi - slo) for m in others[1:]]
+                else:
+                    local.append((COPY, OUT, slo, IN, slo, shi - slo))
+        b.add_step(tuple(sends), tuple(recvs), tuple(local))
     if slots:
         b.release(min(slots.values()))
 
