@@ -4,7 +4,8 @@
 
 Each host is a Linux network namespace with its own host name, SysV IPC and a private /dev/shm
 (a tmpfs that vanishes with the job), joined to the others by a veth link on a bridge; ``--rate``
-shapes every host's link in both directions (tbf: ``500M`` is 500 Mbit/s; no delay emulation).
+shapes every host's link in both directions (tbf: ``500M`` is 500 Mbit/s; small packets such as
+TCP's ACKs go ahead of bulk data in its queue; no delay emulation).
 PROGRAM runs under MPICH's ``mpiexec`` (Hydra) with K ranks per host, in rank order host by host
 (K may be a comma list, one count per host: ``--hosts 3 --ranks-per-host 2,1,2``). Ranks of one
 host talk through shared memory, ranks of different hosts over TCP on the links, so MPI (and the
@@ -137,6 +138,33 @@ def parse_rate(text):
     return f"{number}{unit}bit"
 
 
+def shaping(rate):
+    """tc commands (kind, args... after ``dev DEVICE``) that shape one direction of a link to
+    ``rate`` (tc's form, as parse_rate gives it).
+
+    tbf holds the rate (a 256 KB burst; its queue, below, holds 20 ms of data at the rate). Under
+    it, instead of tbf's one FIFO, an htb of two classes that never limit (10 Gbit/s or more;
+    tbf does): IPv4 packets under 128 bytes (TCP's pure ACKs, small control messages) are sent before
+    bulk data, and bulk data waits in a FIFO of 20 ms at the rate plus the burst (tbf's own limit).
+    With one FIFO, an exchange's ACKs waited behind up to 20 ms of the other direction's data
+    (a queue no data-centre link has): two exchanges on one link lost 5-20% of its rate, and now
+    take its time to 2-5% (benchmarks/RESULTS.md, "The simulator against the emulated hosts")."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate)
+    bytes_per_s = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)] / 8
+    burst = 256 * 1024
+    fast = f"{int(max(10e9, 16 * bytes_per_s * 8))}bit"
+    return [
+        ("qdisc", "root", "handle", "1:", "tbf", "rate", rate, "burst", str(burst), "latency", "20ms"),
+        ("qdisc", "parent", "1:1", "handle", "10:", "htb", "default", "20"),
+        ("class", "parent", "10:", "classid", "10:10", "htb", "rate", fast, "burst", str(burst), "prio", "0"),
+        ("class", "parent", "10:", "classid", "10:20", "htb", "rate", fast, "burst", str(burst), "prio", "1"),
+        ("qdisc", "parent", "10:20", "bfifo", "limit", str(int(bytes_per_s * 0.020) + burst)),
+        # the IPv4 header's total length (bytes 2-3) under 128
+        ("filter", "parent", "10:", "protocol", "ip", "prio", "1", "u32", "match", "u16", "0", "0xff80", "at", "2",
+         "flowid", "10:10"),
+    ]
+
+
 class _Lock:
     """A machine-wide lock with no file behind it (an abstract unix socket), held while a run picks
     its subnet, so that two runs starting at once never pick the same one."""
@@ -221,9 +249,9 @@ class Cluster:
             _ip("-n", host, "link", "set", "eth0", "up")
             _ip("-n", host, "link", "set", "lo", "up")
             if self.rate:
-                shape = ["root", "tbf", "rate", self.rate, "burst", "256kb", "latency", "20ms"]
-                _tc("-n", host, "qdisc", "add", "dev", "eth0", *shape)
-                _tc("qdisc", "add", "dev", link, *shape)
+                for kind, *args in shaping(self.rate):
+                    _tc("-n", host, kind, "add", "dev", "eth0", *args)
+                    _tc(kind, "add", "dev", link, *args)
             self.addresses.append(address)
         self.workdir = tempfile.mkdtemp(prefix=f"collectives-cluster-{self.run_id}-")
         self.launcher = os.path.join(self.workdir, "launch-on-host")

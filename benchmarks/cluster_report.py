@@ -10,7 +10,9 @@ the floor, auto against native, auto against the best. ``--calibrate HxK=FILE``:
 --json`` run across the same hosts (K may list each host's ranks: ``3x2,1,2``); prints each
 algorithm's measured against predicted time from 1 MiB; with ``--predict``, the predictions are
 made again by this checkout's simulator from the run's own fit (alpha, beta, gamma and the
-inter-host line), so a change to the model can be judged against stored measurements.
+inter-host line), so a change to the model can be judged against stored measurements;
+``--inter-alpha US`` then replaces the fit's inter-host alpha (where the run's small ping-pongs
+measured something else than a message's start-up cost, say a raw MPI ping-pong's half round trip).
 ``--plot``: time over the link floor against size, one panel per shape.
 """
 import argparse
@@ -73,13 +75,15 @@ def sweep_table(shapes, rate):
     return "\n".join(out)
 
 
-def predict(data, per_host):
+def predict(data, per_host, inter_alpha=None):
     """``data`` (a ``--calibrate --json`` run) with every row's prediction made again by this
-    checkout's simulator, from the run's fit, on ``Topology(per_host, intra, inter, shared_nic=True)``."""
+    checkout's simulator, from the run's fit, on ``Topology(per_host, intra, inter, shared_nic=True)``;
+    ``inter_alpha`` (s), where given, in place of the fit's inter-host alpha."""
     from collectives import simulate as sim
 
     inter = data["details"]["inter"]
-    topo = sim.Topology(per_host, (data["alpha"], data["beta"]), (inter["alpha"], inter["beta"]), True)
+    alpha = inter["alpha"] if inter_alpha is None else inter_alpha
+    topo = sim.Topology(per_host, (data["alpha"], data["beta"]), (alpha, inter["beta"]), True)
     rows = []
     for r in data["rows"]:
         t = sim.simulate(r["algorithm"], ranks=data["ranks"], nbytes=r["size"], alpha=data["alpha"],
@@ -88,16 +92,20 @@ def predict(data, per_host):
     return dict(data, rows=rows)
 
 
-def calibrate_table(shapes, lo=1 << 20, again=False):
+def calibrate_table(shapes, lo=1 << 20, again=False, inter_alpha=None):
     out = []
     for hosts, per_host, path in shapes:
         data = json.load(open(path))
         inter = data.get("details", {}).get("inter", {})
+        given = ""
         if again:
-            data = predict(data, per_host)
+            data = predict(data, per_host, inter_alpha)
+            if inter_alpha is not None and inter:
+                given = f" (given; the run's fit {inter['alpha'] * 1e6:.1f} us)"
+                inter = dict(inter, alpha=inter_alpha)
         per_host = ",".join(map(str, per_host)) if isinstance(per_host, tuple) else per_host
         out.append(f"\n{hosts} hosts x {per_host} ranks: intra-host alpha {data['alpha'] * 1e6:.1f} us, beta "
-                   f"{data['beta'] * 1e9:.3f} ns/B; inter-host alpha {inter.get('alpha', 0) * 1e6:.1f} us, beta "
+                   f"{data['beta'] * 1e9:.3f} ns/B; inter-host alpha {inter.get('alpha', 0) * 1e6:.1f} us{given}, beta "
                    f"{inter.get('beta', 0) * 1e9:.2f} ns/B ({1 / inter['beta'] / 1e6:.1f} MB/s); gamma "
                    f"{data['gamma'] * 1e9:.3f} ns/B\n" if inter else "\n")
         sizes = sorted({r["size"] for r in data["rows"] if r["size"] >= lo})
@@ -149,6 +157,8 @@ def main(argv=None):
     p.add_argument("--calibrate", action="append", default=[], type=_shape, help="HxK=calibrate.json")
     p.add_argument("--predict", action="store_true",
                    help="with --calibrate: predict again with this checkout's simulator from each run's fit")
+    p.add_argument("--inter-alpha", type=float, metavar="US",
+                   help="with --predict: this inter-host alpha (microseconds) in place of each run's fit")
     p.add_argument("--plot")
     args = p.parse_args(argv)
     rate = _rate(args.rate)
@@ -156,7 +166,10 @@ def main(argv=None):
     if shapes:
         print(sweep_table(shapes, rate))
     if args.calibrate:
-        print(calibrate_table(args.calibrate, again=args.predict))
+        if args.inter_alpha is not None and not args.predict:
+            p.error("--inter-alpha needs --predict")
+        alpha = None if args.inter_alpha is None else args.inter_alpha * 1e-6
+        print(calibrate_table(args.calibrate, again=args.predict, inter_alpha=alpha))
     if args.plot and shapes:
         plot(shapes, args.plot, args.rate)
     return 0

@@ -86,11 +86,25 @@ def test_every_algorithm_and_block_across_hosts(hosts, ranks):
 
 
 def test_shaped_links_and_torn_down_after_a_normal_end():
-    proc = start(2, "1", ["-c", "import os, socket; os.write(1, f'HOST {socket.gethostname()}\\n'.encode())"], rate="500M")
+    show = "tc qdisc show dev eth0; tc class show dev eth0; tc filter show dev eth0 parent 10:"
+    proc = start(2, "1", ["-c", "import os, socket, subprocess; os.write(1, f'HOST {socket.gethostname()}\\n'.encode()); "
+                                f"subprocess.run({show!r}, shell=True)"], rate="500M")
     run_id = f"{proc.pid:x}"
     code, out = finish(proc)
     assert code == 0 and out.count("HOST cl") == 2, out
+    # tbf holds the rate; under it small packets (ACKs) go ahead of bulk data, which has tbf's queue
+    assert out.count("qdisc tbf 1: root") == 2 and out.count("rate 500Mbit") == 2, out
+    assert out.count("qdisc htb 10: parent 1:1") == 2 and out.count("qdisc bfifo") == 2, out
+    assert out.count("limit 1512144b") == 2 and out.count("match 00000000/0000ff80 at 0") == 2, out
     assert leftovers(run_id) == []
+
+
+def test_the_shaping_commands():
+    commands = cluster.shaping(cluster.parse_rate("500M"))
+    assert commands[0] == ("qdisc", "root", "handle", "1:", "tbf", "rate", "500mbit", "burst", "262144",
+                           "latency", "20ms")
+    assert ("qdisc", "parent", "10:20", "bfifo", "limit", str(500_000_000 // 8 // 50 + 262144)) in commands
+    assert [c for c in commands if c[0] == "filter"][0][-1] == "10:10"  # small packets: the first class
 
 
 def test_program_error_is_passed_on_and_torn_down():
