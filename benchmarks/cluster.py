@@ -394,7 +394,9 @@ def main(argv=None):
     if reason:
         print(f"benchmarks.cluster: cannot make hosts here: {reason}", file=sys.stderr)
         return CANNOT
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: a tool started in the background by a shell inherits it ignored, and must still
+    # tear down when it is sent one
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_on_signal)
     try:
         with Cluster(ranks, rate) as cluster:

@@ -29,12 +29,17 @@ pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"no emulated cluste
               pytest.mark.timeout(HARD_TIMEOUT + 60)]
 
 
+def _sigint_ignored():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def start(hosts, ranks, program, *, rate=None, env=None, extra=()):
+    """The tool, started as a shell starts a background job: SIGINT ignored (it must still act on one)."""
     cmd = [PYTHON, "-m", "benchmarks.cluster", "--hosts", str(hosts), "--ranks-per-host", str(ranks),
            *(["--rate", rate] if rate else []), *extra, "--", PYTHON, *program]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, preexec_fn=_sigint_ignored)
 
 
 def finish(proc, timeout=HARD_TIMEOUT):
