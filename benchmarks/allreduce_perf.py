@@ -157,13 +157,13 @@ def make_runner(name, comm, op, backend_arrays):
         return oop, ip
     algorithm = "auto" if name in ("auto+check", "auto-unguarded") else name
     algorithm, _, transport = algorithm.partition("@")
-    transport = transport or "auto"
+    named = {"transport": transport} if transport else {}  # as a caller who names none calls it
 
     def oop():
-        collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, transport=transport)
+        collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, **named)
 
     def ip():
-        collectives.allreduce(recvbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, transport=transport)
+        collectives.allreduce(recvbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, **named)
     return oop, ip
 
 

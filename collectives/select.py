@@ -143,8 +143,9 @@ def _decide(size, nbytes, dtype, mpi, hosts, over_shm=False):
             library = describe()
         table_choice = tuning.lookup_pair(size, nbytes, dtype, library, tuning.topology_key(hosts))
         if table_choice is not None and table_choice[0] in _algorithms.names():  # a plugin not loaded now
+            # an entry that names no transport was measured before transports were tuned: over MPI
             hit = (table_choice[0], (f"tuning table, {library}" if library else "tuning table")
-                   + (f", {describe_topology(hosts)}" if len(hosts) > 1 else ""), table_choice[1])
+                   + (f", {describe_topology(hosts)}" if len(hosts) > 1 else ""), table_choice[1] or "mpi")
         elif len(hosts) > 1:
             # across hosts: the two-level cost model (shm never spans hosts)
             candidates = [n for n in _algorithms.names() if n != "shm"]

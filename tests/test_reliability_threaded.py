@@ -566,6 +566,11 @@ def test_tuning_entries_pair_an_algorithm_with_a_transport(tuning_file):
         assert tuning.lookup_pair(3, 4096, np.dtype(np.float32)) == ("ring", "shm")
         assert tuning.lookup_pair(3, 64, np.dtype(np.float32)) == ("tree", None)
         assert tuning.lookup(3, 4096, np.dtype(np.float32)) == "ring"
+        # auto runs an entry written before transports over MPI, where it was measured
+        select.reset()
+        assert select._decide(3, 64, np.dtype(np.float32), False, ((0, 1, 2),))[::2] == ("tree", "mpi")
+        assert select._decide(3, 4096, np.dtype(np.float32), False, ((0, 1, 2),))[::2] == ("ring", "shm")
+        select.reset()
 
 
 def test_missing_tuning_file_is_silent(tuning_file, tmp_path):
