@@ -169,13 +169,13 @@ def make_runner(name, comm, op, backend_arrays):
 
 def row_label(name, ours, nbytes, dtype):
     """The row's name with what ran: auto's choice, and the transport where the library chose it."""
-    from collectives.select import choose, choose_transport
+    from collectives.select import choose_pair, transport_choice
 
     base, _, transport = name.partition("@")
     if base not in ("auto",) + tuple(collectives.algorithms()):
         return name
-    algorithm = choose(ours, nbytes, dtype) if base == "auto" else base
-    transport = choose_transport(ours, algorithm, nbytes, transport or "auto")
+    algorithm, preferred = choose_pair(ours, nbytes, dtype, transport or "auto") if base == "auto" else (base, None)
+    transport = transport_choice(ours, algorithm, nbytes, transport or "auto", preferred)[0]
     return f"auto({algorithm}@{transport})" if base == "auto" else f"{algorithm}@{transport}"
 
 
