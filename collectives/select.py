@@ -46,8 +46,13 @@ def shm_cost_choice(size, nbytes, itemsize=4, candidates=None, alpha_step=ALPHA_
             costs[name] = module.cost(size, nbytes, alpha_message, beta, gamma) + steps * alpha_step
         except Exception:  # a plugin's build that needs more than defaults: count its messages as steps
             costs[name] = module.cost(size, nbytes, alpha_step, beta, gamma)
+    return _cheapest(costs), costs
+
+
+def _cheapest(costs):
+    """The first name whose cost is the least (a tie, rounding included, goes to the first)."""
     least = min(costs.values())
-    return next(n for n, c in costs.items() if c <= least * (1 + 1e-9)), costs
+    return next(n for n, c in costs.items() if c <= least * (1 + 1e-9))
 
 
 def topology(comm):
@@ -90,8 +95,7 @@ def two_level_choice(hosts, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, alpha_i
                                       alpha_inter=alpha_inter, beta_inter=beta_inter * len(hosts))
         else:
             costs[name] = module.cost(size, nbytes, alpha_inter, beta_inter * sharing, gamma)
-    least = min(costs.values())
-    return next(n for n, c in costs.items() if c <= least * (1 + 1e-9)), costs  # a tie (rounding too): the first
+    return _cheapest(costs), costs
 
 
 def choose(comm, nbytes, dtype):
