@@ -9,6 +9,7 @@ from itertools import chain
 
 import numpy as np
 
+from .columns import _N_FIELD
 from .plan import COPY, FINAL, REDUCE, PlanError, ranks_by_group
 
 _registry = __import__("importlib").import_module("collectives.algorithms")
@@ -61,7 +62,8 @@ class _Flat:
         self.p = p
         self.algorithm = plans[0].algorithm if plans else ""
         self.count = plans[0].count if plans else 0
-        nsteps = np.fromiter((len(plan.steps) for plan in plans), np.int64, p)
+        columnar = p > 0 and all(plan.columns is not None for plan in plans)
+        nsteps = np.fromiter((plan.nsteps for plan in plans), np.int64, p)
         start = np.zeros(p + 1, np.int64)
         np.cumsum(nsteps + 1, out=start[1:])
         self.nsteps, self.start = nsteps, start
@@ -71,6 +73,68 @@ class _Flat:
         G = int(start[-1])
         self.steps_total = G
         self.step_rank = np.repeat(np.arange(p, dtype=np.int64), nsteps + 1)
+        gid = np.arange(G, dtype=np.int64)
+        if columnar:  # plans stored as columns (collectives.columns): concatenated, no per-entry work
+            S, R, L = self._columns(plans, ops)
+        else:
+            S, R, L = self._tuples(plans, ops, gid)
+        self.s_peer, self.s_buf, self.s_lo, self.s_hi, self.s_chan = S.T.copy()  # rows: contiguous
+        self.r_peer, self.r_buf, self.r_lo, self.r_hi, self.r_chan = R.T.copy()
+        del S, R
+        start = self.start
+        for peer, rank, step, buf, lo, verb in (
+                (self.s_peer, self.s_rank, self.s_step, self.s_buf, self.s_lo, "sends to"),
+                (self.r_peer, self.r_rank, self.r_step, self.r_buf, self.r_lo, "receives from")):
+            bad = np.flatnonzero((peer < 0) | (peer >= p))
+            if bad.size:
+                k = int(bad[0])
+                r = int(rank[k])
+                raise PlanError(f"{verb} rank {int(peer[k])}, out of range (ranks are 0..{p - 1})", self.algorithm,
+                                p, self.count, None, r, int(step[k] - start[r]) + 1, int(nsteps[r]),
+                                "in out tmp".split()[int(buf[k])] if 0 <= buf[k] <= 2 else None, int(lo[k]))
+        self.s_len = self.s_hi - self.s_lo
+        self.r_len = self.r_hi - self.r_lo
+        if ops:
+            kind = L[:, 0]
+            self.l_kind = kind.copy()
+            self.l_dst, self.l_dlo = L[:, 1].copy(), L[:, 2].copy()
+            # operands: a for REDUCE and COPY, b for REDUCE only (0 elsewhere)
+            self.l_a = np.where(kind == FINAL, 0, L[:, 3])
+            self.l_alo = np.where(kind == FINAL, 0, L[:, 4])
+            self.l_b = np.where(kind == REDUCE, L[:, 5], 0)
+            self.l_blo = np.where(kind == REDUCE, L[:, 6], 0)
+            self.l_n = np.where(kind == REDUCE, L[:, 7], np.where(kind == COPY, L[:, 5], L[:, 3]))
+        else:
+            self.l_kind, self.l_n = L
+        del L
+        reduces = self.l_kind == REDUCE
+        self.work = np.bincount(self.l_step[reduces], weights=self.l_n[reduces], minlength=G).astype(np.int64)
+        self._pair()
+
+    def _columns(self, plans, ops):
+        """Sends, receives and local operations of plans stored as columns, steps numbered globally."""
+        G = self.steps_total
+        first = self.start[:-1]
+        cols = [plan.columns for plan in plans]
+        tables = []
+        for name, rows in (("send_step", "sends"), ("recv_step", "recvs"), ("local_step", "local")):
+            steps = [getattr(c, name) for c in cols]
+            sizes = np.fromiter(map(len, steps), np.int64, len(steps))
+            at = np.concatenate(steps) + np.repeat(first, sizes)
+            offsets = np.zeros(G + 1, np.int64)
+            np.cumsum(np.bincount(at, minlength=G), out=offsets[1:])
+            tables.append((at, offsets, np.concatenate([getattr(c, rows) for c in cols])))
+        (self.s_step, self.ss, S), (self.r_step, self.rs, R), (self.l_step, self.ls, L) = tables
+        self.s_rank = self.step_rank[self.s_step]
+        self.r_rank = self.step_rank[self.r_step]
+        if not ops:
+            kind = L[:, 0].copy()
+            L = kind, L[np.arange(len(L)), _N_FIELD[kind]]
+        return S, R, L
+
+    def _tuples(self, plans, ops, gid):
+        """Sends, receives and local operations of plans stored as tuples, steps numbered globally."""
+        p, G, nsteps = self.p, self.steps_total, self.nsteps
         # every rank's steps in one sequence, taken apart once (no loop over ranks)
         steps = list(chain.from_iterable(plan.steps for plan in plans))
         n_real = len(steps)
@@ -95,53 +159,23 @@ class _Flat:
         del r_
         local = list(chain.from_iterable(l_))
         del l_
-        gid = np.arange(G, dtype=np.int64)
         self.s_step = np.repeat(gid, np.diff(self.ss))
         self.r_step = np.repeat(gid, np.diff(self.rs))
         self.s_rank = self.step_rank[self.s_step]
         self.r_rank = self.step_rank[self.r_step]
-        self.s_peer, self.s_buf, self.s_lo, self.s_hi, self.s_chan = S.T.copy()  # rows: contiguous
-        self.r_peer, self.r_buf, self.r_lo, self.r_hi, self.r_chan = R.T.copy()
-        del S, R
-        for peer, rank, step, buf, lo, verb in (
-                (self.s_peer, self.s_rank, self.s_step, self.s_buf, self.s_lo, "sends to"),
-                (self.r_peer, self.r_rank, self.r_step, self.r_buf, self.r_lo, "receives from")):
-            bad = np.flatnonzero((peer < 0) | (peer >= p))
-            if bad.size:
-                k = int(bad[0])
-                r = int(rank[k])
-                raise PlanError(f"{verb} rank {int(peer[k])}, out of range (ranks are 0..{p - 1})", self.algorithm,
-                                p, self.count, None, r, int(step[k] - start[r]) + 1, int(nsteps[r]),
-                                "in out tmp".split()[int(buf[k])] if 0 <= buf[k] <= 2 else None, int(lo[k]))
-        self.s_len = self.s_hi - self.s_lo
-        self.r_len = self.r_hi - self.r_lo
         self.l_step = np.repeat(gid, np.diff(self.ls))
         nops = len(local)
         if ops:
             lens = np.fromiter(map(len, local), np.int64, nops)
             values = np.fromiter(chain.from_iterable(local), np.int64, int(lens.sum()))
             if nops and (lens == 8).all():
-                L = values.reshape(-1, 8)
-            else:  # FINAL (4) and COPY (6) rows padded to 8 columns with zeros
-                L = np.zeros((nops, 8), np.int64)
-                L[np.repeat(np.arange(nops), lens), np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens)] \
-                    = values
-            kind = L[:, 0]
-            self.l_kind = kind.copy()
-            self.l_dst, self.l_dlo = L[:, 1].copy(), L[:, 2].copy()
-            # operands: a for REDUCE and COPY, b for REDUCE only (0 elsewhere)
-            self.l_a = np.where(kind == FINAL, 0, L[:, 3])
-            self.l_alo = np.where(kind == FINAL, 0, L[:, 4])
-            self.l_b = np.where(kind == REDUCE, L[:, 5], 0)
-            self.l_blo = np.where(kind == REDUCE, L[:, 6], 0)
-            self.l_n = np.where(kind == REDUCE, L[:, 7], np.where(kind == COPY, L[:, 5], L[:, 3]))
-        else:
-            self.l_kind = np.fromiter(map(_first, local), np.int64, nops)
-            self.l_n = np.fromiter(map(_last, local), np.int64, nops)
-        del local
-        reduces = self.l_kind == REDUCE
-        self.work = np.bincount(self.l_step[reduces], weights=self.l_n[reduces], minlength=G).astype(np.int64)
-        self._pair()
+                return S, R, values.reshape(-1, 8)
+            # FINAL (4) and COPY (6) rows padded to 8 columns with zeros
+            L = np.zeros((nops, 8), np.int64)
+            L[np.repeat(np.arange(nops), lens), np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens)] \
+                = values
+            return S, R, L
+        return S, R, (np.fromiter(map(_first, local), np.int64, nops), np.fromiter(map(_last, local), np.int64, nops))
 
     def _pair(self):
         """Match sends with receives: FIFO per (source, destination, channel), in post order."""

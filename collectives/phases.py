@@ -23,7 +23,10 @@ phase's between the same pair when the two run side by side (``PlanBuilder.track
 
 docs/writing-an-algorithm.md shows them in use.
 """
-from .plan import FINAL, IN, OUT, REDUCE, TMP, max_width
+import numpy as np
+
+from .columns import Columns
+from .plan import FINAL, IN, OUT, REDUCE, TMP, block_bounds, max_width
 
 
 def _index(b, ranks):
@@ -32,8 +35,14 @@ def _index(b, ranks):
 
 
 # ring ------------------------------------------------------------------------------------
-def _as_list(bounds):
-    return bounds.tolist() if hasattr(bounds, "tolist") else list(bounds)
+# A ring phase's m-1 steps are computed at once, as arrays over the step number, and added as
+# columns (``PlanBuilder.add_columns``): the steps of a 1,024-rank ring cost no Python loop.
+def _offsets(bounds):
+    """The chunk bounds as an int64 array."""
+    if isinstance(bounds, block_bounds):
+        every = np.arange(bounds.parts + 1, dtype=np.int64)
+        return every * bounds.q + np.minimum(every, bounds.r)
+    return np.asarray(list(bounds), np.int64)
 
 
 def ring_reduce_scatter(b, ranks, bounds, src=IN, final=True, chan=0):
@@ -47,29 +56,21 @@ def ring_reduce_scatter(b, ranks, bounds, src=IN, final=True, chan=0):
         return
     left, right = ranks[(i - 1) % m], ranks[(i + 1) % m]
     tmp = b.scratch(max_width(bounds))
-    bl = _as_list(bounds)
-    if min(bl[k + 1] - bl[k] for k in range(m)) > 0:  # no empty chunk: whole steps at once
-        add = b.add_step
-        for step in range(m - 1):
-            s_lo, s_hi = bl[(i - step - 1) % m], bl[(i - step - 1) % m + 1]
-            lo, hi = bl[(i - step - 2) % m], bl[(i - step - 2) % m + 1]
-            local = ((REDUCE, OUT, lo, TMP, tmp, src, lo, hi - lo),)
-            if final and step == m - 2:
-                local += ((FINAL, OUT, bl[i], bl[i + 1] - bl[i]),)
-            add(((right, src if step == 0 else OUT, s_lo, s_hi, chan),), ((left, TMP, tmp, tmp + hi - lo, chan),),
-                local)
-        b.release(tmp)
-        return
-    for step in range(m - 1):
-        send_chunk = (i - step - 1) % m
-        recv_chunk = (i - step - 2) % m
-        b.step()
-        b.send(right, src if step == 0 else OUT, bl[send_chunk], bl[send_chunk + 1], chan)
-        lo, hi = bl[recv_chunk], bl[recv_chunk + 1]
-        b.recv(left, TMP, tmp, tmp + hi - lo, chan)
-        b.reduce(OUT, lo, TMP, tmp, src, lo, hi - lo)
-    if final:
-        b.final(OUT, bl[i], bl[i + 1] - bl[i])
+    at = _offsets(bounds)
+    step = np.arange(m - 1, dtype=np.int64)
+    # step k sends chunk i-k-1 to the right and reduces chunk i-k-2 from the left into OUT
+    sent = (i - step - 1) % m
+    s_lo, s_hi = at[sent], at[sent + 1]
+    got = (i - step - 2) % m
+    lo, width = at[got], at[got + 1] - at[got]
+    has = width > 0
+    source = np.where(step == 0, src, OUT)
+    local = [(has, step, REDUCE, OUT, lo, TMP, tmp, src, lo, width)]
+    mine = int(at[i + 1] - at[i])
+    if final and mine:
+        local.append((None, step[-1:], FINAL, OUT, int(at[i]), mine))
+    b.add_columns(Columns.of(m - 1, sends=[(s_hi > s_lo, step, right, source, s_lo, s_hi, chan)],
+                             recvs=[(has, step, left, TMP, tmp, tmp + width, chan)], local=local))
     b.release(tmp)
 
 
@@ -77,20 +78,16 @@ def ring_allgather(b, ranks, bounds, chan=0):
     """m-1 steps; participant i starts with chunk i in OUT and ends with every chunk."""
     m = len(ranks)
     i = _index(b, ranks)
-    left, right = ranks[(i - 1) % m], ranks[(i + 1) % m]
-    bl = _as_list(bounds)
-    if m > 1 and min(bl[k + 1] - bl[k] for k in range(m)) > 0:
-        add = b.add_step
-        for step in range(m - 1):
-            s, r = (i - step) % m, (i - step - 1) % m
-            add(((right, OUT, bl[s], bl[s + 1], chan),), ((left, OUT, bl[r], bl[r + 1], chan),))
+    if m == 1:
         return
-    for step in range(m - 1):
-        send_chunk = (i - step) % m
-        recv_chunk = (i - step - 1) % m
-        b.step()
-        b.send(right, OUT, bl[send_chunk], bl[send_chunk + 1], chan)
-        b.recv(left, OUT, bl[recv_chunk], bl[recv_chunk + 1], chan)
+    left, right = ranks[(i - 1) % m], ranks[(i + 1) % m]
+    at = _offsets(bounds)
+    step = np.arange(m - 1, dtype=np.int64)
+    # step k passes chunk i-k to the right and takes chunk i-k-1 from the left
+    sent, got = (i - step) % m, (i - step - 1) % m
+    s_lo, s_hi, r_lo, r_hi = at[sent], at[sent + 1], at[got], at[got + 1]
+    b.add_columns(Columns.of(m - 1, sends=[(s_hi > s_lo, step, right, OUT, s_lo, s_hi, chan)],
+                             recvs=[(r_hi > r_lo, step, left, OUT, r_lo, r_hi, chan)]))
 
 
 # recursive halving / doubling -------------------------------------------------------------

@@ -29,14 +29,15 @@ Local operations (their first field, ``kind``, tells them apart):
 
 These are named tuples, defined once here. ``PlanBuilder``'s calls (``send``, ``recv``,
 ``reduce``, ``copy``, ``final``) make them, with ``tuple.__new__(Message, (...))`` (no
-Python-level ``__new__``). The bulk paths of ``phases`` (``PlanBuilder.add_step``: ring steps,
-pipelined trees), which make nearly all of a large plan's entries, pass plain tuples of the
-same fields: named tuples there made ring and tree plans 20-60% slower to build at 1,024-16,384
-ranks (benchmarks/plan_build.py), partly from their construction, mostly from the garbage
-collector, which stops tracking a plain tuple of ints but never a tuple subclass. So every
-reader unpacks plan entries by position (the executor's hot loops do anyway), a plan written
-by hand with plain tuples runs the same, and ``typed(step)`` gives any step with named entries
-(for printing and tests).
+Python-level ``__new__``). ``PlanBuilder.add_step`` (pipelined trees, hierarchical_copy's last
+phase) takes plain tuples of the same fields: named tuples there made tree plans 20-60% slower
+to build at 1,024-16,384 ranks, mostly from the garbage collector, which stops tracking a plain
+tuple of ints but never a tuple subclass. The ring phases and hierarchical_copy's first phase
+write all their steps at once as numpy columns (``PlanBuilder.add_columns``,
+``collectives.columns``); a plan with such steps is stored as columns, ``Plan.steps`` makes its
+tuples on first use, and the simulator reads the columns directly. So every reader unpacks plan
+entries by position, a plan written by hand with plain tuples runs the same, and ``typed(step)``
+gives any step with named entries (for printing and tests).
 
 Rules a plan keeps (the symbolic check in ``collectives.simulate`` enforces them):
 ``IN`` is never written; an element of ``IN`` is never read after the same element
@@ -87,21 +88,37 @@ def copy_is_noop(op, in_place):
 class Plan:
     """What one rank does in one collective: ``steps`` plus the scratch size it needs."""
 
-    __slots__ = ("algorithm", "rank", "size", "count", "steps", "tmp_count", "in_count", "out_count")
+    __slots__ = ("algorithm", "rank", "size", "count", "_steps", "columns", "tmp_count", "in_count", "out_count")
 
-    def __init__(self, algorithm, rank, size, count, steps, tmp_count, in_count=None, out_count=None):
+    def __init__(self, algorithm, rank, size, count, steps, tmp_count, in_count=None, out_count=None,
+                 columns=None):
         self.algorithm = algorithm
         self.rank = rank
         self.size = size
         self.count = count
-        self.steps = steps
+        self._steps = steps
+        self.columns = columns  # the same steps as arrays (collectives.columns), where a phase wrote them so
         self.tmp_count = tmp_count
         self.in_count = count if in_count is None else in_count
         self.out_count = count if out_count is None else out_count
 
+    @property
+    def steps(self):
+        """The steps as tuples; a plan stored as columns makes them on first use and keeps them."""
+        if self._steps is None:
+            self._steps = self.columns.steps()
+        return self._steps
+
+    nsteps = property(lambda self: self.columns.nsteps if self._steps is None else len(self._steps),
+                      doc="How many steps, without making a columnar plan's tuples.")
+
+    @steps.setter
+    def steps(self, steps):  # a plan edited by hand (tests) is its tuples alone
+        self._steps, self.columns = steps, None
+
     def __repr__(self):
         return (f"Plan({self.algorithm!r}, rank={self.rank}, size={self.size}, count={self.count}, "
-                f"steps={len(self.steps)}, tmp={self.tmp_count})")
+                f"steps={self.nsteps}, tmp={self.tmp_count})")
 
     def bytes_sent(self, itemsize=1):
         return sum(hi - lo for step in self.steps for (_, _, lo, hi, _) in step.sends) * itemsize
@@ -169,6 +186,7 @@ def max_width(bounds):
 
 
 _EMPTY = Step((), (), ())
+_HELD = Step((), (), ())  # a step number held by a run of steps added as columns
 _new = _new_step = tuple.__new__  # Step(...) etc. without the namedtuple's Python-level __new__
 
 
@@ -187,6 +205,7 @@ class PlanBuilder:
         self.size = size
         self.count = count
         self._steps = []
+        self._runs = []  # (first step, Columns): runs of steps added as columns (add_columns)
         # the open step: its lists are made on first use (most steps of a pipelined tree
         # are empty on most ranks)
         self._is_open = False
@@ -206,8 +225,14 @@ class PlanBuilder:
     def join(self, tracks):
         """Append the tracks' steps zipped: step k of the result holds step k of every track."""
         self._close()
-        lists = [t.build().steps for t in tracks]
         self._tmp_top = getattr(self, "_track_mark", self._tmp_top)  # the tracks' scratch is free again
+        if any(t._runs for t in tracks):  # as columns: step k of every track, in track order
+            from .columns import Columns
+            plans = [t.build() for t in tracks]
+            runs = [p.columns or Columns.from_steps(p.steps) for p in plans]
+            self.add_columns(Columns.concatenate(max(r.nsteps for r in runs), [(0, r) for r in runs]))
+            return
+        lists = [t.build().steps for t in tracks]
         append = self._steps.append
         empty = _EMPTY
         for parts in zip_longest(*lists, fillvalue=empty):
@@ -250,6 +275,14 @@ class PlanBuilder:
         if self._is_open:
             self._close()
         self._steps.append(_new_step(Step, (sends, recvs, local)) if sends or recvs or local else _EMPTY)
+
+    def add_columns(self, columns):
+        """Close the open step and append ``columns.nsteps`` steps given as a
+        ``collectives.columns.Columns`` (what the ring phases write: every step at once)."""
+        if self._is_open:
+            self._close()
+        self._runs.append((len(self._steps), columns))
+        self._steps.extend([_HELD] * columns.nsteps)
 
     def send(self, peer, buf, lo, hi, chan=0):
         if hi > lo:
@@ -305,6 +338,15 @@ class PlanBuilder:
     def build(self, in_count=None, out_count=None):
         self._close()
         steps = self._steps
+        if self._runs:  # some steps came as columns: the plan is stored as columns
+            from .columns import Columns
+            at = [k for k, step in enumerate(steps) if step is not _HELD and step is not _EMPTY]
+            pieces = self._runs + ([(0, Columns.from_steps([steps[k] for k in at], at))] if at else [])
+            columns = Columns.concatenate(len(steps), pieces)
+            if self._parent is None:
+                columns = columns.without_empty_steps()
+            return Plan(self.algorithm, self.rank, self.size, self.count, None, self._tmp_peak,
+                        in_count, out_count, columns=columns)
         if self._parent is None:
             steps = [s for s in steps if s is not _EMPTY and (s.sends or s.recvs or s.local)]
         return Plan(self.algorithm, self.rank, self.size, self.count, steps, self._tmp_peak,

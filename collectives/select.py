@@ -42,7 +42,7 @@ def shm_cost_choice(size, nbytes, itemsize=4, candidates=None, alpha_step=ALPHA_
         module = _algorithms.get(name)
         try:
             params = _algorithms.resolve(module, {}, (tuple(range(size)),), size)[1]
-            steps = len(module.build(0, size, count, itemsize=itemsize, **params).steps)
+            steps = module.build(0, size, count, itemsize=itemsize, **params).nsteps
             costs[name] = module.cost(size, nbytes, alpha_message, beta, gamma) + steps * alpha_step
         except Exception:  # a plugin's build that needs more than defaults: count its messages as steps
             costs[name] = module.cost(size, nbytes, alpha_step, beta, gamma)

@@ -21,6 +21,9 @@ small groups with fast links inside and a slower network between them.
 Reference: TensorFlow, tensorflow/python/distribute/cross_device_ops.py
 (HierarchicalCopyAllReduce), and all_reduce.py's build_shuffle_then_ring.
 """
+import numpy as np
+
+from ..columns import Columns
 from ..plan import COPY, IN, OUT, REDUCE, TMP, PlanBuilder, block_bounds
 from .. import phases as _phases
 from ._options import Option, groups_of, optional_positive_int
@@ -70,37 +73,38 @@ def build(rank, size, count, itemsize=1, groups=None):
     width = max(bounds[p + 1] - bounds[p] for p in range(ngroups))
     k = len(mine)
     nseg, seg_width = _segments(ngroups, k, width, count)
-    slots = {}
-    for part in led:
-        for member in mine:
-            if member != rank:
-                slots[part, member] = b.scratch(seg_width)
     others = [member for member in mine if member != rank]  # in rank order: a fixed reduction order
-    for seg in range(nseg):  # whole steps at once (a leader's steps hold a message per member)
-        pieces = []  # (part, lo, hi) of this segment, parts that still have elements in it
-        for part in range(ngroups):
-            lo, hi = bounds[part], bounds[part + 1]
-            slo, shi = min(hi, lo + seg * seg_width), min(hi, lo + (seg + 1) * seg_width)
-            if slo < shi:
-                pieces.append((part, slo, shi))
-        sends, recvs, local = [], [], []
-        for part, slo, shi in pieces:
-            owner = leader(part, mine)
-            if owner != rank:
-                sends.append((owner, IN, slo, shi, 0))
-            else:
-                recvs += [(m, TMP, slots[part, m], slots[part, m] + shi - slo, 0) for m in others]
-        for part, slo, shi in pieces:
-            if leader(part, mine) == rank:
-                if others:
-                    first = slots[part, others[0]]
-                    local.append((REDUCE, OUT, slo, IN, slo, TMP, first, shi - slo))
-                    local += [(REDUCE, OUT, slo, OUT, slo, TMP, slots[part, m], shi - slo) for m in others[1:]]
-                else:
-                    local.append((COPY, OUT, slo, IN, slo, shi - slo))
-        b.add_step(tuple(sends), tuple(recvs), tuple(local))
-    if slots:
-        b.release(min(slots.values()))
+    slot0 = b.scratch(len(led) * len(others) * seg_width)  # led part i, member j: slot0 + (i(k-1) + j) seg_width
+    # whole steps at once, as arrays over (segment, part[, member]): step s holds segment s of
+    # every part, a leader's step a message from every member
+    at = np.array([bounds[part] for part in range(ngroups + 1)], np.int64)
+    seg = np.arange(nseg, dtype=np.int64)[:, None]
+    lo = np.minimum(at[1:], at[:-1] + seg * seg_width)  # (nseg, ngroups)
+    hi = np.minimum(at[1:], at[:-1] + (seg + 1) * seg_width)
+    owner = np.array([leader(part, mine) for part in range(ngroups)], np.int64)
+    step = np.broadcast_to(seg, lo.shape)
+    live = hi > lo
+    sends = [((live & (owner != rank)).ravel(), step.ravel(), np.broadcast_to(owner, lo.shape).ravel(), IN, lo.ravel(),
+              hi.ravel(), 0)]
+    recvs, local = [], []
+    if led:
+        mine_lo, mine_hi = lo[:, led][:, :, None], hi[:, led][:, :, None]  # (nseg, led, 1)
+        n = mine_hi - mine_lo
+        shape = (nseg, len(led), max(len(others), 1))
+        grid = lambda values: np.broadcast_to(values, shape).ravel()  # noqa: E731
+        keep = grid(n > 0)
+        steps = grid(seg[:, :, None])
+        if others:
+            peer = np.array(others, np.int64)
+            slot = slot0 + (np.arange(len(led))[:, None] * len(others) + np.arange(len(others))) * seg_width
+            recvs.append((keep, steps, grid(peer), TMP, grid(slot), grid(slot + n), 0))
+            first = np.arange(len(others)) == 0
+            local.append((keep, steps, REDUCE, OUT, grid(mine_lo), grid(np.where(first, IN, OUT)), grid(mine_lo),
+                          TMP, grid(slot), grid(n)))
+        else:
+            local.append((keep, steps, COPY, OUT, grid(mine_lo), IN, grid(mine_lo), grid(n)))
+    b.add_columns(Columns.of(nseg, sends=sends, recvs=recvs, local=local))
+    b.release(slot0)
 
     # all-reduce each part across groups: one ring per part, over that part's leaders
     tracks = b.tracks(len(led))

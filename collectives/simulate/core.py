@@ -59,7 +59,7 @@ def simulate(algorithm, ranks, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, *, t
 def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, verify_data, record, options):
     plans = build_plans(algorithm, ranks, count, itemsize, topology, **options)
     probe = lambda n: build_plan(algorithm, 0, ranks, n, itemsize, topology, **options)  # noqa: E731
-    ops = verify_data and not _small(len(plans[0].steps) if plans else 0, ranks, count, probe)
+    ops = verify_data and not _small(plans[0].nsteps if plans else 0, ranks, count, probe)
     flat = _Flat(plans, ops=ops)  # operations flattened only when the check runs on these plans
     del plans  # the flat arrays hold everything the model and the check read
     finish, links, messages = _time(None, alpha, beta, gamma, itemsize, topology, record, flat=flat)

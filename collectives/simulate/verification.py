@@ -11,7 +11,7 @@ def _small(flat_steps, ranks, count, probe):
     """True when the plans at ``verify_count`` are much smaller than at ``count`` (pipelined trees:
     fewer segments), so building them again is cheaper than the check on atoms."""
     vcount = verify_count(ranks, count)
-    return vcount < count and probe is not None and 4 * len(probe(vcount).steps) < flat_steps
+    return vcount < count and probe is not None and 4 * probe(vcount).nsteps < flat_steps
 
 
 def verify_flat(flat, count, rebuild, probe=None):
