@@ -1,9 +1,11 @@
-"""The executor: runs one rank's plan over a communicator, on NumPy or CuPy arrays."""
+"""The executor: runs one rank's plan over a communicator, on NumPy or CuPy arrays, as
+``binding.bind`` binds it to the buffers (``execute`` on every call, a ``Program`` once)."""
 from functools import partial
 
 import numpy as np
 
-from .plan import COPY, FINAL, REDUCE, NCHANNELS, copy_is_noop
+from .binding import COPY, REDUCE, bind
+from .plan import NCHANNELS
 
 
 class StepName:
@@ -32,31 +34,22 @@ def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=N
     dtype, count, root and options) picks the call's tags (``comm.call_tag``): ranks that
     disagree on any of it never match each other's messages.
     """
-    bufs = (inbuf, outbuf, tmpbuf)
-    in_place = inbuf is outbuf
     tag = (comm.next_tag() if signature is None else comm.call_tag(signature)) * NCHANNELS
-    steps = plan.steps
-    nsteps = len(steps)
+    nsteps = len(plan.steps)
     exchange = comm.exchange
-    for index, (sends, recvs, local) in enumerate(steps):
+    for index, sends, recvs, ops in bind(plan, (inbuf, outbuf, tmpbuf), inbuf is outbuf, final_fn is not None):
         if sends or recvs:
             if sync is not None:
                 sync()
-            exchange([(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in sends],
-                     [(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in recvs],
-                     tag, StepName(what, index, nsteps))
-        for op in local:
+            exchange(sends, recvs, tag, StepName(what, index, nsteps))
+        for op in ops:
             kind = op[0]
             if kind == REDUCE:
-                _, dst, dlo, a, alo, b, blo, n = op
-                reduce_fn(bufs[a][alo:alo + n], bufs[b][blo:blo + n], out=bufs[dst][dlo:dlo + n])
+                reduce_fn(op[2], op[3], out=op[1])
             elif kind == COPY:
-                if not copy_is_noop(op, in_place):
-                    _, dst, dlo, src, slo, n = op
-                    bufs[dst][dlo:dlo + n] = bufs[src][slo:slo + n]
-            elif kind == FINAL and final_fn is not None:
-                _, buf, lo, n = op
-                final_fn(bufs[buf][lo:lo + n])
+                op[1][...] = op[2]
+            else:  # FINAL (bound only where final_fn is given)
+                final_fn(op[1])
     if sync is not None:
         sync()
 
@@ -94,33 +87,24 @@ class Program:
         self.last = None  # the caller's buffers of the previous call
 
     def _bind(self, inbuf, outbuf):
-        bufs = (inbuf, outbuf, self.tmp)
-        in_place = inbuf is outbuf
-        steps = self.plan.steps
+        nsteps = len(self.plan.steps)
+        reduce_fn, keyword_out = self.reduce_fn, self.reduce_fn in _KEYWORD_OUT
         calls = []
-        for index, (sends, recvs, local) in enumerate(steps):
+        steps = bind(self.plan, (inbuf, outbuf, self.tmp), inbuf is outbuf, self.final_fn is not None)
+        for index, sends, recvs, ops in steps:
             if sends or recvs:
-                calls.append(self.comm.prepare(
-                    [(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in sends],
-                    [(peer, bufs[b][lo:hi], chan) for peer, b, lo, hi, chan in recvs],
-                    self.tag, StepName(self.what, index, len(steps))))
-            for op in local:
+                calls.append(self.comm.prepare(sends, recvs, self.tag, StepName(self.what, index, nsteps)))
+            for op in ops:
                 kind = op[0]
                 if kind == REDUCE:
-                    _, dst, dlo, a, alo, b, blo, n = op
-                    if self.reduce_fn in _KEYWORD_OUT:
-                        calls.append(partial(self.reduce_fn, bufs[a][alo:alo + n], bufs[b][blo:blo + n],
-                                             out=bufs[dst][dlo:dlo + n]))
+                    if keyword_out:
+                        calls.append(partial(reduce_fn, op[2], op[3], out=op[1]))
                     else:  # a positional out= is the cheaper call
-                        calls.append(partial(self.reduce_fn, bufs[a][alo:alo + n], bufs[b][blo:blo + n],
-                                             bufs[dst][dlo:dlo + n]))
+                        calls.append(partial(reduce_fn, op[2], op[3], op[1]))
                 elif kind == COPY:
-                    _, dst, dlo, src, slo, n = op
-                    if not copy_is_noop(op, in_place):
-                        calls.append(partial(self.copyto, bufs[dst][dlo:dlo + n], bufs[src][slo:slo + n]))
-                elif kind == FINAL and self.final_fn is not None:
-                    _, buf, lo, n = op
-                    calls.append(partial(self.final_fn, bufs[buf][lo:lo + n]))
+                    calls.append(partial(self.copyto, op[1], op[2]))
+                else:  # FINAL
+                    calls.append(partial(self.final_fn, op[1]))
         return calls
 
     def __call__(self, sendbuf, recvbuf):

@@ -44,7 +44,7 @@ def imports(module, path):
 
 MODULES = modules()
 ALGORITHM_LAYER = {m for m in MODULES if m.startswith("collectives.algorithms")} | {
-    "collectives.plan", "collectives.phases", "collectives.blocks"}
+    "collectives.plan", "collectives.phases", "collectives.blocks", "collectives.binding"}
 TRANSPORT_LAYER = {m for m in MODULES if m.startswith("collectives.comm")}
 
 
@@ -61,6 +61,13 @@ def test_plans_and_algorithms_import_only_plans_algorithms_and_leaves(module):
            if target.split(".")[0] in ("mpi4py", "cupy")
            or (target.startswith("collectives") and target not in allowed)]
     assert not bad, f"{module} imports {bad}"
+
+
+def test_the_binder_imports_only_plans():
+    # collectives.binding is where every runner (executor, programs, shm transport, TF lowering)
+    # reads plan entries: the plans layer, below all of them
+    targets = {target for target, _ in imports("collectives.binding", MODULES["collectives.binding"])}
+    assert targets == {"collectives.plan"}, targets
 
 
 @pytest.mark.parametrize("module", sorted(TRANSPORT_LAYER))

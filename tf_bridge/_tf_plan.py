@@ -30,7 +30,8 @@ import tensorflow as tf
 
 _algorithms = importlib.import_module("collectives.algorithms")  # the package's name is shadowed by a function
 from collectives import config as _config
-from collectives.plan import COPY, OUT, REDUCE, copy_is_noop
+from collectives.binding import REDUCE, Named, bind
+from collectives.plan import OUT
 
 from . import _tf_internals as _tfi
 
@@ -250,45 +251,43 @@ def allreduce_tf(inputs, devices, algorithm, options):
         inbuf.pieces = pieces
         bufs.append((inbuf, _Buffer("OUT"), _Buffer("TMP")))
 
+    # each rank's plan bound to its buffers as (buffer, lo, hi) regions; IN and OUT are apart here,
+    # and FINAL does nothing for a sum
+    walks = [iter(bind(plans[r], tuple(Named(b) for b in bufs[r]), False, finals=False)) for r in range(k)]
+    current = [next(walk, None) for walk in walks]  # each rank's next step: (index, sends, recvs, ops)
     queues = {}
-    pos = [0] * k
     posted = [False] * k
-    remaining = sum(len(p.steps) for p in plans)
-    while remaining:
+    while any(step is not None for step in current):
         moved = False
         for r in range(k):
-            steps = plans[r].steps
-            while pos[r] < len(steps):
-                sends, recvs, local = steps[pos[r]]
-                mine = bufs[r]
+            while current[r] is not None:
+                _, sends, recvs, ops = current[r]
                 if not posted[r]:
-                    for peer, b, lo, hi, chan in sends:
-                        queues.setdefault((r, peer, chan), deque()).append(mine[b].read(lo, hi))
+                    for peer, (buf, lo, hi), chan in sends:
+                        queues.setdefault((r, peer, chan), deque()).append(buf.read(lo, hi))
                     posted[r] = True
-                need = Counter((peer, chan) for peer, _, _, _, chan in recvs)
+                need = Counter((peer, chan) for peer, _, chan in recvs)
                 if any(len(queues.get((peer, r, chan), ())) < c for (peer, chan), c in need.items()):
                     break
-                for peer, b, lo, hi, chan in recvs:
+                for peer, (buf, lo, hi), chan in recvs:
                     parts = queues[(peer, r, chan)].popleft()
                     got = sum(n for n, _, _ in parts)
                     if got != hi - lo:
                         raise RuntimeError(f"{name} plan: rank {r} expects {hi - lo} elements from rank {peer}, "
                                            f"which sends {got}")
-                    mine[b].write(lo, parts)
-                for op in local:
+                    buf.write(lo, parts)
+                for op in ops:
+                    (dst, dlo, _), (a, alo, ahi) = op[1], op[2]
                     if op[0] == REDUCE:
-                        _, dst, dlo, a, alo, b, blo, n = op
-                        mine[dst].write(dlo, builder.add(r, mine[a].read(alo, alo + n), mine[b].read(blo, blo + n)))
-                    elif op[0] == COPY and not copy_is_noop(op, False):  # IN and OUT are apart here
-                        _, dst, dlo, src, slo, n = op
-                        mine[dst].write(dlo, mine[src].read(slo, slo + n))
-                    # FINAL: nothing to do for a sum
-                pos[r] += 1
+                        b, blo, bhi = op[3]
+                        dst.write(dlo, builder.add(r, a.read(alo, ahi), b.read(blo, bhi)))
+                    else:  # COPY (the binder has dropped the copies that write nothing)
+                        dst.write(dlo, a.read(alo, ahi))
+                current[r] = next(walks[r], None)
                 posted[r] = False
-                remaining -= 1
                 moved = True
         if not moved:
-            stuck = {r: pos[r] for r in range(k) if pos[r] < len(plans[r].steps)}
+            stuck = {r: step[0] for r, step in enumerate(current) if step is not None}
             raise RuntimeError(f"{name} plans never complete on {k} devices (ranks stuck at steps {stuck})")
 
     outputs = []

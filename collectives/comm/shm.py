@@ -31,7 +31,8 @@ import numpy as np
 
 from .. import config, mpilib
 from ..errors import MismatchError
-from ..plan import IN, OUT, TMP, REDUCE, COPY, FINAL, copy_is_noop
+from ..binding import COPY, REDUCE
+from ..plan import IN, OUT, TMP
 from .base import foreign_message
 from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, _SPIN_BEFORE_YIELD, timeout_error
 from . import cma as _cma
@@ -176,16 +177,17 @@ class ShmTransport:
         sources = {}  # (peer, chan) -> [messages taken so far, the sender's layout]
         readers = set()
         on_node = self.node_index
-        for index, step in enumerate(plan.steps):
-            sends, recvs, local = step
+        # the plan bound once to (IN/OUT/TMP, lo, hi) regions (a local operation may read a region of
+        # TMP from a peer's memory); on-node sends are the layout's (where each lies: staged, direct, cma)
+        for index, sends, recvs, ops in self.layouts.binding(plan, in_place, final_fn is not None):
             # messages to other hosts: MPI, posted first
             requests = []
-            for peer, b, lo, hi, chan in recvs:
+            for peer, region, chan in recvs:
                 if peer not in on_node:
-                    requests.append(comm.irecv(bufs[b][lo:hi], peer, tag + chan))
-            for peer, b, lo, hi, chan in sends:
+                    requests.append(comm.irecv(_operand(bufs, None, region), peer, tag + chan))
+            for peer, region, chan in sends:
                 if peer not in on_node:
-                    requests.append(comm.isend(bufs[b][lo:hi], peer, tag + chan))
+                    requests.append(comm.isend(_operand(bufs, None, region), peer, tag + chan))
             # shared-memory sends: stage what is not read in place, then publish the step
             for peer, b, lo, hi, chan, mode, offset in layout.sends[index]:
                 readers.add(peer)
@@ -202,36 +204,31 @@ class ShmTransport:
                 at = f"{what} step {index + 1}/{len(plan.steps)}"  # as the executor names a step
             if pending:
                 self._wait_steps(pending, sources, plans_of, itemsize, call, sig, at, limit, tag, requests)
-                for r, (peer, b, lo, hi, chan) in pending:
+                for r, (peer, region, chan) in pending:
                     source = self._source(sources, peer, chan, dtype)
                     if source.__class__ is tuple:  # cross-memory attach: one copy out of the peer
-                        _cma.read(source[0], source[1], bufs[b][lo:hi])
+                        _cma.read(source[0], source[1], _operand(bufs, None, region))
                     elif (index, r) in mapped:
                         if views is None:
                             views = []
-                        views.append((lo, hi, source))
+                        views.append((region[1], region[2], source))
                     else:
-                        np.copyto(bufs[b][lo:hi], source)
+                        np.copyto(_operand(bufs, None, region), source)
             if requests:
                 comm.waitall(requests, at)
             # local operations, reading mapped receives from the peer's memory
-            for op in local:
+            for op in ops:
                 kind = op[0]
                 if kind == REDUCE:
-                    _, dst, dlo, a, alo, b, blo, n = op
-                    left = _operand(bufs, views, a, alo, n)
-                    right = _operand(bufs, views, b, blo, n)
+                    left, right = _operand(bufs, views, op[2]), _operand(bufs, views, op[3])
                     if reduce_fn in _KEYWORD_OUT:
-                        reduce_fn(left, right, out=bufs[dst][dlo:dlo + n])
+                        reduce_fn(left, right, out=_operand(bufs, None, op[1]))
                     else:
-                        reduce_fn(left, right, bufs[dst][dlo:dlo + n])
+                        reduce_fn(left, right, _operand(bufs, None, op[1]))
                 elif kind == COPY:
-                    _, dst, dlo, src, slo, n = op
-                    if not copy_is_noop(op, in_place):
-                        np.copyto(bufs[dst][dlo:dlo + n], _operand(bufs, views, src, slo, n))
-                elif kind == FINAL and final_fn is not None:
-                    _, b, lo, n = op
-                    final_fn(bufs[b][lo:lo + n])
+                    np.copyto(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]))
+                else:  # FINAL (bound only where final_fn is given)
+                    final_fn(_operand(bufs, None, op[1]))
         if _FENCE:
             self.window.Sync()
         header[DONE] = call
@@ -267,7 +264,7 @@ class ShmTransport:
         needs = {}
         me = self.comm.rank
         counts = {}
-        for _, (peer, _, _, _, chan) in pending:
+        for _, (peer, _, chan) in pending:
             entry = sources.get((peer, chan))
             if entry is None:
                 entry = sources[(peer, chan)] = self._sender(peer, chan, plans_of, itemsize, call, sig, what,
@@ -379,12 +376,15 @@ class ShmTransport:
         self._grow(max(need, 2 * self.capacity))
 
 
-def _operand(bufs, views, buf, lo, n):
+def _operand(bufs, views, region):
+    """The array a bound region ``(buf, lo, hi)`` names: a mapped receive's peer memory (``views``:
+    (lo, hi, source) of this step's mapped receives into TMP) where one holds it, else the buffer."""
+    buf, lo, hi = region
     if views is not None and buf == TMP:
         for vlo, vhi, source in views:
-            if vlo <= lo and lo + n <= vhi:
-                return source[lo - vlo:lo - vlo + n]
-    return bufs[buf][lo:lo + n]
+            if vlo <= lo and hi <= vhi:
+                return source[lo - vlo:hi - vlo]
+    return bufs[buf][lo:hi]
 
 
 def shared_empty(comm, shape, dtype):

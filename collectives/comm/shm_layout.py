@@ -21,6 +21,7 @@ other receive is one copy out of the peer's memory.
 
 Nothing here imports MPI: the layout is a function of the plan and three flags.
 """
+from ..binding import NAMES, bind
 from ..plan import IN, OUT, TMP, REDUCE, COPY
 
 ALIGN = 64
@@ -214,6 +215,7 @@ class Layouts:
         self.layouts = {}  # (plan id, item size, flags) -> (plan, (SendLayout, mapped receives))
         self.receives = {}  # plan id -> (plan, (receive order, mapped receives))
         self.bounds = {}  # (plan id, item size) -> (plan, staging bytes the call needs on any node rank)
+        self.bindings = {}  # (plan id, in place, finals) -> (plan, its binding to named regions)
 
     def of(self, plan, itemsize, flags, plans_of):
         """(SendLayout of ``plan`` under ``flags``, the receives ``plan``'s rank maps)."""
@@ -229,6 +231,11 @@ class Layouts:
         layout = SendLayout(plan, itemsize, self.on_node, bool(flags & F_IN_SHARED), bool(flags & F_OUT_SHARED),
                             bool(flags & F_IN_PLACE), bool(flags & F_CMA), receiver_maps)
         return layout, self._receives(plan)[1]
+
+    def binding(self, plan, in_place, finals):
+        """``plan`` bound (``collectives.binding.bind``) to regions named ``(IN/OUT/TMP, lo, hi)``:
+        they depend on no buffer, so a plan is bound once, as it is laid out once."""
+        return _kept(self.bindings, (id(plan), in_place, finals), plan, bind, plan, NAMES, in_place, finals)
 
     def _receives(self, plan):
         """(receive order, mapped receives) of a plan, cached."""
