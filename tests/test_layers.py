@@ -44,7 +44,8 @@ def imports(module, path):
 
 MODULES = modules()
 ALGORITHM_LAYER = {m for m in MODULES if m.startswith("collectives.algorithms")} | {
-    "collectives.plan", "collectives.phases", "collectives.blocks", "collectives.binding"}
+    "collectives.plan", "collectives.phases", "collectives.blocks", "collectives.binding",
+    "collectives.columns"}
 TRANSPORT_LAYER = {m for m in MODULES if m.startswith("collectives.comm")}
 
 
