@@ -35,9 +35,9 @@ to build at 1,024-16,384 ranks, mostly from the garbage collector, which stops t
 tuple of ints but never a tuple subclass. The ring phases and hierarchical_copy's first phase
 write all their steps at once as numpy columns (``PlanBuilder.add_columns``,
 ``collectives.columns``); a plan with such steps is stored as columns, ``Plan.steps`` makes its
-tuples on first use, and the simulator reads the columns directly. So every reader unpacks plan
-entries by position, a plan written by hand with plain tuples runs the same, and ``typed(step)``
-gives any step with named entries (for printing and tests).
+tuples on first use, and the simulator reads the columns directly. The runners read entries by
+position in one place, ``collectives.binding.bind``; a plan written by hand with plain tuples runs
+the same, and ``typed(step)`` gives any step with named entries (for printing and tests).
 
 Rules a plan keeps (the symbolic check in ``collectives.simulate`` enforces them):
 ``IN`` is never written; an element of ``IN`` is never read after the same element
@@ -77,9 +77,9 @@ def typed(step):
 
 def copy_is_noop(op, in_place):
     """Whether the COPY ``op`` writes nothing: it copies a region onto itself, or, when the call
-    runs in place (IN is OUT), copies between IN and OUT at one offset. Every runner of plans
-    (executor, prepared programs, the shared-memory transport, the TensorFlow bridge, the
-    symbolic check) skips exactly these. The fields may be NumPy arrays (``in_place`` a bool):
+    runs in place (IN is OUT), copies between IN and OUT at one offset. The binder
+    (``collectives.binding``, for every runner) and the symbolic check skip exactly these.
+    The fields may be NumPy arrays (``in_place`` a bool):
     the answer is then elementwise."""
     _, dst, dlo, src, slo, _ = op
     return (dlo == slo) & ((dst == src) | (in_place & (((dst == IN) & (src == OUT)) | ((dst == OUT) & (src == IN)))))
