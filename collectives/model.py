@@ -18,3 +18,10 @@ BETA_INTER = 1 / 1.25e9
 # cost over MPI's own shared memory, which copies them too.
 ALPHA_SHM_STEP = 15e-6
 ALPHA_SHM_MESSAGE = 2e-6
+
+# Over MPI point-to-point within a node, as this library's executor runs a plan, a step costs
+# more than MPI's own latency: the executor's Python per step (message views, requests, the poll
+# loop) on top of MPICH's. Fitted from recursive doubling (one step at n=2) against the ring (two)
+# at 128 KiB - 1 MiB, no tuning table: about 25-45 us (benchmarks/results/auto-no-table-recheck.txt).
+# auto's cost model within a node over MPI uses it as alpha.
+ALPHA_NODE_STEP = 30e-6

@@ -14,7 +14,8 @@ from .plan import ranks_by_group
 
 # the model's defaults (collectives/model.py): shared memory inside a node, a 10 Gbit/s link per
 # host between hosts (beta_inter is per byte of one host's link, which the host's ranks share)
-from .model import ALPHA, ALPHA_INTER, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA, BETA_INTER, GAMMA  # noqa: E402
+from .model import (ALPHA, ALPHA_INTER, ALPHA_NODE_STEP, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA,  # noqa: E402
+                    BETA_INTER, GAMMA)
 
 _log = logging.getLogger("collectives")
 _choices = {}
@@ -167,7 +168,7 @@ def _decide(size, nbytes, dtype, mpi, hosts, over_shm=False):
         else:
             # the direct plan (shm) asks for shared memory: over MPI messages it trails the ring
             candidates = [n for n in _algorithms.names() if n not in ("shm", "two_level")]
-            name, costs = cost_choice(size, nbytes, candidates=candidates)
+            name, costs = cost_choice(size, nbytes, alpha=ALPHA_NODE_STEP, candidates=candidates)
             unused = tuning.mismatch(library) if library else None
             hit = (name, f"cost model ({costs[name] * 1e6:.1f} us predicted)"
                    + (f"; {unused}: not used" if unused else ""), None)
@@ -181,8 +182,10 @@ def _decide(size, nbytes, dtype, mpi, hosts, over_shm=False):
 # (and the tuning table) leave the transport to the library. Measured at n=2 (few rows, 400 calls
 # a row): at 64-256 KiB MPI point-to-point was 1.2-1.3x faster (the transport's per-step Python
 # work, layouts and header polls, costs more than MPICH's own copies save); at 1 MiB shared memory
-# took 0.86 of MPI's time for ring, at 4 MiB 0.69 (benchmarks/RESULTS.md, "Transports").
-SHM_MIN_BYTES = 1 << 20
+# took 0.86 of MPI's time for ring, at 4 MiB 0.69 (benchmarks/RESULTS.md, "Transports"); at
+# 512-768 KiB the direct plan over shared memory took 0.67-0.79 of the best MPI row's time
+# (benchmarks/results/auto-no-table-recheck.txt).
+SHM_MIN_BYTES = 512 << 10
 
 
 def choose_transport(comm, algorithm, nbytes, requested="auto"):

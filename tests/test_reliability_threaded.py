@@ -504,7 +504,7 @@ def _cost_model_choice(n, nbytes):
     from collectives.algorithms import shm  # noqa: F401 - the threaded world never takes its fast path
 
     candidates = [a for a in ALGORITHMS if a != "shm"]
-    return select.cost_choice(n, nbytes, candidates=candidates)[0]
+    return select.cost_choice(n, nbytes, alpha=select.ALPHA_NODE_STEP, candidates=candidates)[0]
 
 
 CORRUPT = {
