@@ -26,7 +26,9 @@ docs/writing-an-algorithm.md shows them in use.
 import numpy as np
 
 from .columns import Columns
-from .plan import FINAL, IN, OUT, REDUCE, TMP, block_bounds, max_width
+from .plan import FINAL, IN, OUT, REDUCE, TMP, Step, _EMPTY, block_bounds, max_width
+
+_new = tuple.__new__  # Step(...) without the namedtuple's Python-level __new__
 
 
 def _index(b, ranks):
@@ -279,9 +281,12 @@ def tree_reduce(b, parent, children, segs, depth, max_depth, src=IN, final=True,
         return
     width = max(hi - lo for lo, hi in segs)
     tmp = [b.scratch(width) for _ in children]
-    add = b.add_step
     up = OUT if children else src
     root_final = parent is None and final
+    pairs = list(zip(children, tmp))
+    rest = tmp[1:]
+    steps = []  # built here and added at once (b.add_steps): tens of thousands per plan at scale
+    append = steps.append
     for t in range(nseg + max_depth + 1):
         recvs = local = sends = ()
         k = t - (max_depth - depth - 1)  # the segment arriving from the children
@@ -289,15 +294,17 @@ def tree_reduce(b, parent, children, segs, depth, max_depth, src=IN, final=True,
             lo, hi = segs[k]
             n = hi - lo
             if children:
-                recvs = tuple((child, TMP, slot, slot + n, chan) for child, slot in zip(children, tmp))
-                local = ((REDUCE, OUT, lo, src, lo, TMP, tmp[0], n),) + tuple(
-                    (REDUCE, OUT, lo, OUT, lo, TMP, slot, n) for slot in tmp[1:])
+                recvs = tuple([(child, TMP, slot, slot + n, chan) for child, slot in pairs])
+                local = ((REDUCE, OUT, lo, src, lo, TMP, tmp[0], n),)
+                if rest:
+                    local += tuple([(REDUCE, OUT, lo, OUT, lo, TMP, slot, n) for slot in rest])
             if root_final:
                 local += ((FINAL, OUT, lo, n),)
         k = t - (max_depth - depth)  # the segment going up
         if parent is not None and 0 <= k < nseg:
             sends = ((parent, up, segs[k][0], segs[k][1], chan),)
-        add(sends, recvs, local)
+        append(_new(Step, (sends, recvs, local)) if sends or recvs or local else _EMPTY)
+    b.add_steps(steps)
     if tmp:
         b.release(tmp[0])
 
@@ -306,7 +313,8 @@ def tree_broadcast(b, parent, children, segs, depth, max_depth, chan=0):
     """Pipelined broadcast down a tree from OUT at the root, in global steps: a rank at
     ``depth`` receives segment k in step k + depth - 1 and forwards it in step k + depth."""
     nseg = len(segs)
-    add = b.add_step
+    steps = []
+    append = steps.append
     for t in range(nseg + max_depth + 1):
         recvs = sends = ()
         k = t - depth + 1
@@ -315,8 +323,9 @@ def tree_broadcast(b, parent, children, segs, depth, max_depth, chan=0):
         k = t - depth
         if children and 0 <= k < nseg:
             lo, hi = segs[k]
-            sends = tuple((child, OUT, lo, hi, chan) for child in children)
-        add(sends, recvs)
+            sends = tuple([(child, OUT, lo, hi, chan) for child in children])
+        append(_new(Step, (sends, recvs, ())) if sends or recvs else _EMPTY)
+    b.add_steps(steps)
 
 
 def binomial_children(j, m):

@@ -47,6 +47,8 @@ element of ``OUT`` ends complete with exactly one FINAL applied.
 from collections import namedtuple
 from itertools import zip_longest
 
+from .plan_errors import PlanError  # noqa: F401 - defined apart, imported from here by every reader
+
 IN, OUT, TMP = 0, 1, 2
 BUFFER_NAMES = ("in", "out", "tmp")
 REDUCE, COPY, FINAL = 0, 1, 2
@@ -284,6 +286,13 @@ class PlanBuilder:
         self._runs.append((len(self._steps), columns))
         self._steps.extend([_HELD] * columns.nsteps)
 
+    def add_steps(self, steps):
+        """Close the open step and append whole steps, ``Step`` tuples (or ``_EMPTY``) as
+        ``add_step`` makes them: the pipelined trees build theirs in one loop."""
+        if self._is_open:
+            self._close()
+        self._steps.extend(steps)
+
     def send(self, peer, buf, lo, hi, chan=0):
         if hi > lo:
             self._is_open = True
@@ -351,48 +360,3 @@ class PlanBuilder:
             steps = [s for s in steps if s is not _EMPTY and (s.sends or s.recvs or s.local)]
         return Plan(self.algorithm, self.rank, self.size, self.count, steps, self._tmp_peak,
                     in_count, out_count)
-
-
-class PlanError(ValueError):
-    """A plan breaks one of the rules above. Raised by ``collectives.verify``,
-    ``collectives.register_algorithm`` and the simulator, with the place named: ``algorithm``,
-    ``ranks`` (world size), ``count``, ``mode`` ("out of place" or "in place"), ``rank``,
-    ``step`` (1-based, of ``steps``), ``buffer`` ("in", "out", "tmp"), ``element`` and
-    ``what`` is wrong. Fields that do not apply are None."""
-
-    def __init__(self, what, algorithm=None, ranks=None, count=None, mode=None, rank=None, step=None,
-                 steps=None, buffer=None, element=None):
-        self.what, self.algorithm, self.ranks, self.count, self.mode = what, algorithm, ranks, count, mode
-        self.rank, self.step, self.steps, self.buffer, self.element = rank, step, steps, buffer, element
-        super().__init__(self.describe())
-
-    def describe(self):
-        head = [str(self.algorithm)] if self.algorithm is not None else []
-        if self.ranks is not None:
-            head.append(f"{self.ranks} rank{'' if self.ranks == 1 else 's'}")
-        if self.count is not None:
-            head.append(f"count {self.count}")
-        if self.mode:
-            head.append(self.mode)
-        place = []
-        if self.rank is not None:
-            place.append(f"rank {self.rank}")
-        if self.step is not None:
-            place.append(f"step {self.step}" + (f"/{self.steps}" if self.steps is not None else ""))
-        if self.buffer is not None:
-            place.append(f"{self.buffer.upper()}[{self.element}]" if self.element is not None else
-                         self.buffer.upper())
-        text = ", ".join(head)
-        if place:
-            text = f"{text}: {', '.join(place)}" if text else ", ".join(place)
-        return f"{text}: {self.what}" if text else self.what
-
-    def __reduce__(self):
-        return (_plan_error, (self.what, self.__dict__))
-
-
-def _plan_error(what, fields):
-    error = PlanError.__new__(PlanError)
-    error.__dict__.update(fields)
-    ValueError.__init__(error, error.describe())
-    return error

@@ -45,7 +45,7 @@ def imports(module, path):
 MODULES = modules()
 ALGORITHM_LAYER = {m for m in MODULES if m.startswith("collectives.algorithms")} | {
     "collectives.plan", "collectives.phases", "collectives.blocks", "collectives.binding",
-    "collectives.columns"}
+    "collectives.columns", "collectives.plan_errors"}
 TRANSPORT_LAYER = {m for m in MODULES if m.startswith("collectives.comm")}
 
 
