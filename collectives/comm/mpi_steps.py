@@ -27,11 +27,15 @@ def _ranks_per_core():
     return mpilib.ranks_per_core()
 
 
-# Seconds of pure polling before a waiting rank starts yielding its core between polls. With
-# more ranks than cores (oversubscribed) the peer a rank waits for may need this very core, so
-# it yields at once; otherwise a short spin keeps latency low.
+# Seconds of pure polling before a waiting rank starts yielding its core at every deadline check
+# (every _POLLS_PER_CHECK polls). None: the peer a rank waits for may share its core, and not only
+# when the node has more ranks than cores (a job confined to fewer cores than the node has, ranks
+# bound to one core). With both ranks of n=2 on one core, a 2 ms spin made every step cost about
+# 2 ms (128 KiB: 4.1 ms a call against native's 68 us; 1 MiB: 6.2 ms against 0.33), while yielding
+# at every check gave 152 and 363 us. Where a rank has its core alone, sched_yield returns at once:
+# n=2 on two cores took the same time with either, 8 B - 512 KiB (benchmarks/RESULTS.md).
 _OVERSUBSCRIBED = _ranks_per_core() > 1
-_SPIN_BEFORE_YIELD = 0.0 if _OVERSUBSCRIBED else 0.002
+_SPIN_BEFORE_YIELD = 0.0
 _POLLS_PER_CHECK = 4 if _OVERSUBSCRIBED else 64  # polls between deadline checks (and yields)
 
 
