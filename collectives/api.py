@@ -366,7 +366,7 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options, shape=None):
 def _shm_forced(module, requested, preferred=None):
     """True when this call asks for the shared-memory transport whatever its size (the same
     answer on every rank: a rank alone on its node must not run a prepared program then)."""
-    return "shm" in (requested, config.transport(), getattr(module, "TRANSPORT", None), preferred)
+    return "shm" in (requested, config.transport(), getattr(module, "TRANSPORT", None) if preferred is None else preferred)
 
 
 def _select_transport(comm, module, nbytes, requested, preferred=None):

@@ -148,9 +148,11 @@ def _decide(size, nbytes, dtype, mpi, hosts, over_shm=False):
             library = describe()
         table_choice = tuning.lookup_pair(size, nbytes, dtype, library, tuning.topology_key(hosts))
         if table_choice is not None and table_choice[0] in _algorithms.names():  # a plugin not loaded now
-            # an entry that names no transport was measured before transports were tuned: over MPI
+            # an entry that names no transport was measured before transports were tuned, as the
+            # algorithm ran then: over MPI, or over its own transport (shm: shared memory)
+            measured = table_choice[1] or getattr(_algorithms.get(table_choice[0]), "TRANSPORT", None) or "mpi"
             hit = (table_choice[0], (f"tuning table, {library}" if library else "tuning table")
-                   + (f", {describe_topology(hosts)}" if len(hosts) > 1 else ""), table_choice[1] or "mpi")
+                   + (f", {describe_topology(hosts)}" if len(hosts) > 1 else ""), measured)
         elif len(hosts) > 1:
             # across hosts: the two-level cost model (shm never spans hosts)
             candidates = [n for n in _algorithms.names() if n != "shm"]
@@ -191,7 +193,8 @@ SHM_MIN_BYTES = 512 << 10
 def choose_transport(comm, algorithm, nbytes, requested="auto"):
     """"shm" or "mpi": how the call's messages between ranks of one node travel. ``requested``
     (the call's ``transport=``, or COLLECTIVES_TRANSPORT) wins where it can apply; an algorithm
-    may ask for one (``TRANSPORT``); else shared memory from SHM_MIN_BYTES. Shared memory needs
+    may ask for one (``TRANSPORT``), unless ``auto`` took the pair from the tuning table; else
+    shared memory from SHM_MIN_BYTES. Shared memory needs
     an MPI communicator with a peer on this node; messages to other hosts always go through MPI."""
     return transport_choice(comm, algorithm, nbytes, requested)[0]
 
@@ -214,12 +217,12 @@ def transport_choice(comm, algorithm, nbytes, requested="auto", preferred=None):
         return "mpi", "no peer on this rank's node"
     if requested == "shm":
         return "shm", asked
+    if preferred is not None:  # auto's pair from the tuning table: the transport it was measured over
+        return preferred, "tuning table"
     module = _algorithms.get(algorithm) if isinstance(algorithm, str) else algorithm
     wanted = getattr(module, "TRANSPORT", None)
     if wanted is not None:
         return wanted, f"asked for by {getattr(module, 'NAME', algorithm)}"
-    if preferred is not None:
-        return preferred, "tuning table"
     if nbytes >= SHM_MIN_BYTES:
         return "shm", f"peers on this node, {nbytes} B >= SHM_MIN_BYTES {SHM_MIN_BYTES}"
     return "mpi", f"{nbytes} B < SHM_MIN_BYTES {SHM_MIN_BYTES}"

@@ -560,7 +560,9 @@ def test_valid_tuning_file_is_used_and_unknown_algorithms_ignored(tuning_file):
 def test_tuning_entries_pair_an_algorithm_with_a_transport(tuning_file):
     table = {"format": "collectives-tuning-1", "entries": [
         {"size": 3, "dtype": "float32", "nbytes": 4096, "algorithm": "ring", "transport": "shm"},
-        {"size": 3, "dtype": "float32", "nbytes": 64, "algorithm": "tree"}]}  # written before transports
+        {"size": 3, "dtype": "float32", "nbytes": 64, "algorithm": "tree"},  # written before transports
+        {"size": 3, "dtype": "float32", "nbytes": 1 << 20, "algorithm": "shm"},  # the old shm routine
+        {"size": 3, "dtype": "float32", "nbytes": 1 << 24, "algorithm": "shm", "transport": "mpi"}]}
     where = tuning_file(json.dumps(table))
     with env(COLLECTIVES_TUNING=where, COLLECTIVES_TIMEOUT=30):
         assert tuning.lookup_pair(3, 4096, np.dtype(np.float32)) == ("ring", "shm")
@@ -570,6 +572,10 @@ def test_tuning_entries_pair_an_algorithm_with_a_transport(tuning_file):
         select.reset()
         assert select._decide(3, 64, np.dtype(np.float32), False, ((0, 1, 2),))[::2] == ("tree", "mpi")
         assert select._decide(3, 4096, np.dtype(np.float32), False, ((0, 1, 2),))[::2] == ("ring", "shm")
+        # an old entry for shm was measured over its own transport; a pair measured over MPI runs
+        # there although the algorithm asks for shared memory when named by the caller
+        assert select._decide(3, 1 << 20, np.dtype(np.float32), False, ((0, 1, 2),))[::2] == ("shm", "shm")
+        assert select._decide(3, 1 << 24, np.dtype(np.float32), False, ((0, 1, 2),))[::2] == ("shm", "mpi")
         select.reset()
 
 

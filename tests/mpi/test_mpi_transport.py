@@ -187,6 +187,49 @@ def test_auto_uses_shared_memory_from_its_threshold_and_the_environment_override
     agree(ok, f"choices {small}/{large}/{forced}, window under COLLECTIVES_TRANSPORT=mpi {window}")
 
 
+def test_auto_runs_a_tuned_pair_over_the_transport_it_was_measured_over(monkeypatch, tmp_path_factory):
+    """A table's shm@mpi (the direct plan measured over MPI) runs over MPI under auto, though shm
+    asks for shared memory when a caller names it; an old entry naming no transport runs as it
+    was measured (shm: over shared memory)."""
+    import json
+
+    from collectives import select, tuning
+    from collectives.api import _shm_forced
+    from collectives.algorithms import shm as direct
+
+    comm = WORLD.Dup()
+    ours = collectives.as_comm(comm)
+    on_node = shm_transport.available(ours)
+    where = WORLD.bcast(str(tmp_path_factory.mktemp("pairs") / "t.json") if WORLD.rank == 0 else None)
+    x, old = data(5_000), data(20_000)  # 40,000 and 160,000 B: entries of their own (by bit length)
+    if WORLD.rank == 0:
+        entry = {"size": WORLD.size, "dtype": "float64"}
+        with open(where, "w") as out:
+            json.dump({"format": "collectives-tuning-1", "mpi_library": collectives.mpilib.describe(), "entries": [
+                dict(entry, nbytes=x.nbytes, algorithm="shm", transport="mpi"),
+                dict(entry, nbytes=old.nbytes, algorithm="shm")]}, out)
+    WORLD.Barrier()
+    monkeypatch.setenv("COLLECTIVES_TUNING", where)
+    tuning.reload()
+    select.reset()
+    try:
+        pair = select.choose_pair(ours, x.nbytes, x.dtype)
+        old_pair = select.choose_pair(ours, old.nbytes, old.dtype)
+        used = select.transport_choice(ours, "shm", x.nbytes, "auto", pair[1])[0]
+        old_used = select.transport_choice(ours, "shm", old.nbytes, "auto", old_pair[1])[0]
+        y = collectives.allreduce(x, comm=comm)
+        window = collectives.library_memory(comm)["shm_window"]
+        ok = pair == ("shm", "mpi") and used == "mpi" and not _shm_forced(direct, "auto", "mpi") and window == 0
+        ok = ok and old_pair == ("shm", "shm") and old_used == ("shm" if on_node else "mpi")
+        ok = ok and np.array_equal(y, collectives.allreduce(x, comm=comm, algorithm="shm", transport="mpi"))
+        ok = ok and identical_everywhere(y) and identical_everywhere(collectives.allreduce(old, comm=comm))
+    finally:
+        tuning.reload()
+        select.reset()
+        comm.Free()
+    agree(ok, f"pairs {pair} {old_pair}, transports {used} {old_used}, window {window}")
+
+
 def test_an_unknown_transport_is_refused_on_every_rank_before_any_message(monkeypatch):
     with pytest.raises(ValueError, match="transport"):
         collectives.allreduce(np.ones(4), transport="nvlink")
