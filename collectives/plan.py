@@ -281,6 +281,12 @@ class PlanBuilder:
     def add_columns(self, columns):
         """Close the open step and append ``columns.nsteps`` steps given as a
         ``collectives.columns.Columns`` (what the ring phases write: every step at once)."""
+        for name in ("send_step", "recv_step", "local_step"):
+            at = getattr(columns, name)
+            if len(at) and (at.min() < 0 or at.max() >= columns.nsteps):
+                raise ValueError(f"{self.algorithm}: columns' {name} outside 0..{columns.nsteps - 1}")
+        if len(columns.local) and not ((columns.local[:, 0] >= REDUCE) & (columns.local[:, 0] <= FINAL)).all():
+            raise ValueError(f"{self.algorithm}: a local operation of the columns is not REDUCE, COPY or FINAL")
         if self._is_open:
             self._close()
         self._runs.append((len(self._steps), columns))

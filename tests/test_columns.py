@@ -89,3 +89,13 @@ def test_a_plan_edited_by_hand_is_its_tuples():
     assert plan.columns is not None
     plan.steps = plan.steps[:-1]
     assert plan.columns is None and plan.nsteps == 5
+
+
+def test_columns_with_steps_out_of_range_or_unknown_operations_are_refused():
+    b = PlanBuilder("bad", 0, 2, 4)
+    with pytest.raises(ValueError, match="send_step outside 0..1"):
+        b.add_columns(Columns.of(2, sends=[(None, np.array([0, 2]), 1, OUT, 0, 1, 0)]))
+    with pytest.raises(ValueError, match="not REDUCE, COPY or FINAL"):
+        b.add_columns(Columns.of(1, local=[(None, np.array([0]), 7, OUT, 0, 1)]))
+    b.add_columns(Columns.of(1, local=[(None, np.array([0]), FINAL, OUT, 0, 4)]))
+    assert b.build().steps[0].local == ((FINAL, OUT, 0, 4),)
