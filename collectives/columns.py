@@ -19,11 +19,24 @@ use and keeps them, which is what the executor, the prepared programs and the tr
 """
 import numpy as np
 
-from .plan import COPY, FINAL, REDUCE, Step, _EMPTY
+from .plan import COPY, FINAL, REDUCE, Step, _EMPTY, _new_step, block_bounds
 
 _LENGTH = {REDUCE: 8, COPY: 6, FINAL: 4}
-_N_FIELD = np.array([7, 5, 3], np.int64)  # where each kind keeps its element count n
-_new = tuple.__new__
+
+
+def bounds_array(bounds):
+    """Chunk bounds (``block_bounds`` or any sequence of offsets) as an int64 array."""
+    if isinstance(bounds, block_bounds):
+        every = np.arange(bounds.parts + 1, dtype=np.int64)
+        return every * bounds.q + np.minimum(every, bounds.r)
+    return np.asarray(list(bounds), np.int64)
+
+
+def element_counts(local):
+    """Each row's element count ``n``, for local operations as rows padded to 8 fields (a row of
+    an unknown kind reads as a FINAL's, for the symbolic check to name)."""
+    kind = local[:, 0]
+    return np.where(kind == REDUCE, local[:, 7], np.where(kind == COPY, local[:, 5], local[:, 3]))
 
 
 def _table(n, fields):
@@ -110,7 +123,7 @@ class Columns:
 
     def element_counts(self):
         """Each local operation's element count ``n``."""
-        return self.local[np.arange(len(self.local)), _N_FIELD[self.local[:, 0]]]
+        return element_counts(self.local)
 
     def steps(self):
         """The steps as ``Step`` tuples of plain tuples (see the module docstring)."""
@@ -128,7 +141,7 @@ class Columns:
             if s[k] == s[k + 1] and r[k] == r[k + 1] and l[k] == l[k + 1]:
                 append(_EMPTY)
             else:
-                append(_new(Step, (tuple(sends[s[k]:s[k + 1]]), tuple(recvs[r[k]:r[k + 1]]),
+                append(_new_step(Step, (tuple(sends[s[k]:s[k + 1]]), tuple(recvs[r[k]:r[k + 1]]),
                                    tuple(local[l[k]:l[k + 1]]))))
         return steps
 

@@ -9,8 +9,8 @@ from itertools import chain
 
 import numpy as np
 
-from .columns import _N_FIELD
-from .plan import COPY, FINAL, REDUCE, PlanError, ranks_by_group
+from .columns import element_counts
+from .plan import FINAL, REDUCE, PlanError, ranks_by_group
 
 _registry = __import__("importlib").import_module("collectives.algorithms")
 
@@ -103,7 +103,7 @@ class _Flat:
             self.l_alo = np.where(kind == FINAL, 0, L[:, 4])
             self.l_b = np.where(kind == REDUCE, L[:, 5], 0)
             self.l_blo = np.where(kind == REDUCE, L[:, 6], 0)
-            self.l_n = np.where(kind == REDUCE, L[:, 7], np.where(kind == COPY, L[:, 5], L[:, 3]))
+            self.l_n = element_counts(L)
         else:
             self.l_kind, self.l_n = L
         del L
@@ -128,8 +128,7 @@ class _Flat:
         self.s_rank = self.step_rank[self.s_step]
         self.r_rank = self.step_rank[self.r_step]
         if not ops:
-            kind = L[:, 0].copy()
-            L = kind, L[np.arange(len(L)), _N_FIELD[kind]]
+            L = L[:, 0].copy(), element_counts(L)
         return S, R, L
 
     def _tuples(self, plans, ops, gid):

@@ -25,10 +25,8 @@ docs/writing-an-algorithm.md shows them in use.
 """
 import numpy as np
 
-from .columns import Columns
-from .plan import FINAL, IN, OUT, REDUCE, TMP, Step, _EMPTY, block_bounds, max_width
-
-_new = tuple.__new__  # Step(...) without the namedtuple's Python-level __new__
+from .columns import Columns, bounds_array
+from .plan import FINAL, IN, OUT, REDUCE, TMP, Step, _EMPTY, _new_step as _new, max_width
 
 
 def _index(b, ranks):
@@ -39,14 +37,6 @@ def _index(b, ranks):
 # ring ------------------------------------------------------------------------------------
 # A ring phase's m-1 steps are computed at once, as arrays over the step number, and added as
 # columns (``PlanBuilder.add_columns``): the steps of a 1,024-rank ring cost no Python loop.
-def _offsets(bounds):
-    """The chunk bounds as an int64 array."""
-    if isinstance(bounds, block_bounds):
-        every = np.arange(bounds.parts + 1, dtype=np.int64)
-        return every * bounds.q + np.minimum(every, bounds.r)
-    return np.asarray(list(bounds), np.int64)
-
-
 def ring_reduce_scatter(b, ranks, bounds, src=IN, final=True, chan=0):
     """m-1 steps; participant i ends with chunk i of ``bounds`` complete in OUT."""
     m = len(ranks)
@@ -58,7 +48,7 @@ def ring_reduce_scatter(b, ranks, bounds, src=IN, final=True, chan=0):
         return
     left, right = ranks[(i - 1) % m], ranks[(i + 1) % m]
     tmp = b.scratch(max_width(bounds))
-    at = _offsets(bounds)
+    at = bounds_array(bounds)
     step = np.arange(m - 1, dtype=np.int64)
     # step k sends chunk i-k-1 to the right and reduces chunk i-k-2 from the left into OUT
     sent = (i - step - 1) % m
@@ -83,7 +73,7 @@ def ring_allgather(b, ranks, bounds, chan=0):
     if m == 1:
         return
     left, right = ranks[(i - 1) % m], ranks[(i + 1) % m]
-    at = _offsets(bounds)
+    at = bounds_array(bounds)
     step = np.arange(m - 1, dtype=np.int64)
     # step k passes chunk i-k to the right and takes chunk i-k-1 from the left
     sent, got = (i - step) % m, (i - step - 1) % m

@@ -23,7 +23,7 @@ Reference: TensorFlow, tensorflow/python/distribute/cross_device_ops.py
 """
 import numpy as np
 
-from ..columns import Columns
+from ..columns import Columns, bounds_array
 from ..plan import COPY, IN, OUT, REDUCE, TMP, PlanBuilder, block_bounds
 from .. import phases as _phases
 from ._options import Option, groups_of, optional_positive_int
@@ -77,7 +77,7 @@ def build(rank, size, count, itemsize=1, groups=None):
     slot0 = b.scratch(len(led) * len(others) * seg_width)  # led part i, member j: slot0 + (i(k-1) + j) seg_width
     # whole steps at once, as arrays over (segment, part[, member]): step s holds segment s of
     # every part, a leader's step a message from every member
-    at = np.array([bounds[part] for part in range(ngroups + 1)], np.int64)
+    at = bounds_array(bounds)
     seg = np.arange(nseg, dtype=np.int64)[:, None]
     lo = np.minimum(at[1:], at[:-1] + seg * seg_width)  # (nseg, ngroups)
     hi = np.minimum(at[1:], at[:-1] + (seg + 1) * seg_width)
