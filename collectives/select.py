@@ -28,7 +28,7 @@ def cost_choice(size, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, candidates=No
     for name in candidates or _algorithms.names():
         module = _algorithms.get(name)
         costs[name] = module.cost(size, nbytes, alpha, beta, gamma)
-    return min(costs, key=costs.get), costs
+    return _cheapest(costs), costs
 
 
 def shm_cost_choice(size, nbytes, itemsize=4, candidates=None, alpha_step=ALPHA_SHM_STEP,

@@ -606,6 +606,28 @@ def test_corrupt_tuning_file_read_by_many_threads_warns_once(tuning_file):
     assert len([w for w in caught if where in str(w.message)]) == 1
 
 
+def test_every_cost_model_breaks_a_tie_within_rounding_alike(monkeypatch):
+    """A tie, rounding included, goes to the first candidate in every cost model (cost_choice as
+    shm_cost_choice and two_level_choice), so the same costs never pick differently."""
+    from collectives import select
+
+    class First:
+        NAME = "first"
+
+        def cost(p, nbytes, alpha, beta, gamma):
+            return 1.0
+
+    class Second(First):
+        NAME = "second"
+
+        def cost(p, nbytes, alpha, beta, gamma):
+            return 1.0 - 1e-12  # below the first by rounding only
+
+    algorithms = importlib.import_module("collectives.algorithms")
+    monkeypatch.setattr(algorithms, "get", {"first": First, "second": Second}.get)
+    assert select.cost_choice(4, 1024, candidates=["first", "second"])[0] == "first"
+
+
 def test_shm_cost_model_counts_steps_and_survives_a_plugin_that_cannot_build():
     """Over shared memory a step costs ALPHA_SHM_STEP and a message ALPHA_SHM_MESSAGE: the direct
     plan (2 steps) beats Rabenseifner (2 log n) and the ring (2(n-1)) at 4 ranks, while at 2 ranks
