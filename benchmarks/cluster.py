@@ -129,13 +129,23 @@ def parse_ranks(text, hosts):
     return counts
 
 
-def parse_rate(text):
-    """'500M', '1G', '800k' (bits per second) or tc's own '500mbit' -> tc's rate."""
+def _rate_parts(text):
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*", text.lower())
     if not match:
         raise ValueError(f"--rate takes bits per second like 500M or 1G, got {text!r}")
-    number, unit = match.group(1), match.group(2)
+    return match.group(1), match.group(2)
+
+
+def parse_rate(text):
+    """'500M', '1G', '800k' (bits per second) or tc's own '500mbit' -> tc's rate."""
+    number, unit = _rate_parts(text)
     return f"{number}{unit}bit"
+
+
+def rate_bytes(text):
+    """Bytes per second of a rate as ``parse_rate`` takes it (or gives it)."""
+    number, unit = _rate_parts(text)
+    return float(number) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[unit] / 8
 
 
 def shaping(rate):
@@ -149,8 +159,7 @@ def shaping(rate):
     With one FIFO, an exchange's ACKs waited behind up to 20 ms of the other direction's data
     (a queue no data-centre link has): two exchanges on one link lost 5-20% of its rate, and now
     take its time to 2-5% (benchmarks/RESULTS.md, "The simulator against the emulated hosts")."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate)
-    bytes_per_s = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)] / 8
+    bytes_per_s = rate_bytes(rate)
     burst = 256 * 1024
     fast = f"{int(max(10e9, 16 * bytes_per_s * 8))}bit"
     return [

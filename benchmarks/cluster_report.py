@@ -19,12 +19,7 @@ import argparse
 import json
 import sys
 
-
-def _rate(text):
-    """Bytes per second of a link given as tc writes it: 500M, 1G, 100mbit."""
-    t = text.lower().replace("bit", "")
-    scale = {"k": 1e3, "m": 1e6, "g": 1e9}.get(t[-1:], 1)
-    return float(t.rstrip("kmg")) * scale / 8
+from benchmarks.cluster import rate_bytes
 
 
 def _shape(text):
@@ -161,7 +156,7 @@ def main(argv=None):
                    help="with --predict: this inter-host alpha (microseconds) in place of each run's fit")
     p.add_argument("--plot")
     args = p.parse_args(argv)
-    rate = _rate(args.rate)
+    rate = rate_bytes(args.rate)
     shapes = [(h, k, sweep_rows(path, h, rate)) for h, k, path in args.sweep]
     if shapes:
         print(sweep_table(shapes, rate))

@@ -110,6 +110,10 @@ def test_the_shaping_commands():
                            "latency", "20ms")
     assert ("qdisc", "parent", "10:20", "bfifo", "limit", str(500_000_000 // 8 // 50 + 262144)) in commands
     assert [c for c in commands if c[0] == "filter"][0][-1] == "10:10"  # small packets: the first class
+    # one parser of rates for the tool and its report: bytes per second
+    assert [cluster.rate_bytes(t) for t in ("500M", "1G", "100mbit", "800k")] == [62.5e6, 125e6, 12.5e6, 1e5]
+    with pytest.raises(ValueError, match="bits per second"):
+        cluster.rate_bytes("fast")
 
 
 def test_program_error_is_passed_on_and_torn_down():
