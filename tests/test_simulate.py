@@ -303,3 +303,22 @@ def test_uneven_hosts():
     assert ranks == 5 and parsed.ranks_per_node == (2, 1, 2) and parsed.nodes(5).tolist() == [0, 0, 1, 2, 2]
     with pytest.raises(ValueError, match="positive"):
         sim.Topology((2, 0), (1, 1), (1, 1)).node(3)
+
+
+def test_rank_zeros_plan_at_the_checks_count_is_built_once():
+    """simulate asks whether the check's smaller plans are much smaller, and the check asks again:
+    rank 0's plan at the check's count is built once for both."""
+    from unittest import mock
+
+    import collectives.simulate.core as core
+
+    counts = []
+    build_plan = core.build_plan
+
+    def counted(*args, **kwargs):
+        counts.append(args[3])
+        return build_plan(*args, **kwargs)
+
+    with mock.patch.object(core, "build_plan", counted):
+        r = collectives.simulate("ring", ranks=16, nbytes=1 << 24)
+    assert r.verified and len(counts) == len(set(counts)) == 1

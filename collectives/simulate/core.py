@@ -1,6 +1,7 @@
 """The public call: ``simulate(algorithm, ranks, nbytes, ...)`` builds every rank's plan with the
 algorithm's own ``build``, times them (``timing``, ``_waves``) and checks them (``verification``)."""
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..flat import _Flat, build_plan, build_plans
 from ..model import ALPHA, BETA, GAMMA
@@ -58,7 +59,8 @@ def simulate(algorithm, ranks, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, *, t
 
 def _simulate(algorithm, ranks, count, alpha, beta, gamma, topology, itemsize, verify_data, record, options):
     plans = build_plans(algorithm, ranks, count, itemsize, topology, **options)
-    probe = lambda n: build_plan(algorithm, 0, ranks, n, itemsize, topology, **options)  # noqa: E731
+    # rank 0's plan at the check's count: asked here and again by verify_flat, built once
+    probe = lru_cache(maxsize=None)(lambda n: build_plan(algorithm, 0, ranks, n, itemsize, topology, **options))
     ops = verify_data and not _small(plans[0].nsteps if plans else 0, ranks, count, probe)
     flat = _Flat(plans, ops=ops)  # operations flattened only when the check runs on these plans
     del plans  # the flat arrays hold everything the model and the check read
