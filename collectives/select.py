@@ -128,9 +128,14 @@ def _shm_expected(nbytes, requested):
     None: the call's path has point-to-point messages only (compression, iallreduce)."""
     if requested is None:
         return False
-    forced = config.transport()
-    requested = forced if forced != "auto" else requested
+    requested = _requested(requested)[0]
     return requested == "shm" or (requested == "auto" and nbytes >= SHM_MIN_BYTES)
+
+
+def _requested(requested):
+    """(the transport asked for, by whom): COLLECTIVES_TRANSPORT over the call's ``transport=``."""
+    forced = config.transport()
+    return (forced, "forced by COLLECTIVES_TRANSPORT") if forced != "auto" else (requested, "named by the caller")
 
 
 def _decide(size, nbytes, dtype, mpi, hosts, over_shm=False):
@@ -203,11 +208,7 @@ def transport_choice(comm, algorithm, nbytes, requested="auto", preferred=None):
     """(transport, why): ``choose_transport`` with the reason, for the debug log. ``preferred``:
     the transport the tuning table paired with ``auto``'s algorithm (used where nothing else
     decides)."""
-    forced = config.transport()
-    if forced != "auto":
-        requested, asked = forced, "forced by COLLECTIVES_TRANSPORT"
-    else:
-        asked = "named by the caller"
+    requested, asked = _requested(requested)
     if requested == "mpi":
         return "mpi", asked
     if getattr(comm, "mpi_comm", None) is None or comm.size == 1:
