@@ -53,6 +53,22 @@ def test_a_rank_pinned_to_one_core_still_sees_the_nodes_cores():
     assert float(per_core) == 2 / int(cores) <= 1
 
 
+def test_a_wait_yields_its_core_from_the_first_deadline_check():
+    """A waiting rank yields at every deadline check from the start, oversubscribed or not: its
+    peer may share its core anyway (a job confined to fewer cores than the node has). 200 polls
+    that fail take far less than a millisecond: a spin before the first yield would give none."""
+    code = ("import os; from collectives.comm import mpi_steps as m; polls, yields = [0], [0]\n"
+            "def testall(reqs, statuses):\n    polls[0] += 1\n    return polls[0] > 200\n"
+            "m._testall = testall; m.os.sched_yield = lambda: yields.__setitem__(0, yields[0] + 1)\n"
+            "m.poll_step([], [], [], [], 60.0, 'probe')\n"
+            "print(polls[0], yields[0], m._POLLS_PER_CHECK)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0, out.stderr
+    polls, yields, per_check = map(int, out.stdout.split())
+    assert polls == 201 and yields == 200 // per_check > 0
+
+
 def _launch(args, n):
     """Run a probe under this environment's mpiexec: per rank (mask size, oversubscribed?)."""
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")

@@ -20,7 +20,7 @@ MPI = mpilib.load()  # one ImportError naming both ways to an MPI library where 
 
 from .mpi_faults import _abort_unless_raise, _bounded_dup
 # (_OVERSUBSCRIBED, _eager_limit and _pieces are read through this module by tune and the tests)
-from .mpi_steps import (_BYTE, _OVERSUBSCRIBED, _POLLS_PER_CHECK, _PROBE_AFTER, _SPIN_BEFORE_YIELD,  # noqa: F401
+from .mpi_steps import (_BYTE, _OVERSUBSCRIBED, _POLLS_PER_CHECK, _PROBE_AFTER,  # noqa: F401
                         _PreparedStep, _eager_limit, _live_steps, _pieces, _testall, _waitall,
                         poll_step, timeout_error as _timeout)
 from . import mpi_steps as _steps
@@ -135,8 +135,7 @@ class MPIComm(Communicator):
                 silent = sorted({r.peer for r, m in zip(requests, mpi_reqs) if m and r.is_recv}
                                 or {r.peer for r, m in zip(requests, mpi_reqs) if m})
                 raise _timeout(what, silent, limit)
-            if now - start > _SPIN_BEFORE_YIELD:
-                os.sched_yield()
+            os.sched_yield()  # at every deadline check: the peer may share this core
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, sendtag=0, recvtag=None):
         recvtag = sendtag if recvtag is None else recvtag
@@ -237,8 +236,7 @@ class MPIComm(Communicator):
                     silent = sorted({r.peer for r, m in zip(requests, mpi_reqs) if m and r.is_recv}
                                     or {r.peer for r, m in zip(requests, mpi_reqs) if m})
                     raise _timeout(what, silent, limit)
-                if now - start > _SPIN_BEFORE_YIELD:
-                    os.sched_yield()
+                os.sched_yield()  # at every deadline check: the peer may share this core
         except MPI.Exception as exc:
             truncated = exc.Get_error_class() == MPI.ERR_TRUNCATE or (
                 exc.Get_error_class() == MPI.ERR_IN_STATUS

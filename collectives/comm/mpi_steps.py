@@ -27,15 +27,14 @@ def _ranks_per_core():
     return mpilib.ranks_per_core()
 
 
-# Seconds of pure polling before a waiting rank starts yielding its core at every deadline check
-# (every _POLLS_PER_CHECK polls). None: the peer a rank waits for may share its core, and not only
-# when the node has more ranks than cores (a job confined to fewer cores than the node has, ranks
-# bound to one core). With both ranks of n=2 on one core, a 2 ms spin made every step cost about
-# 2 ms (128 KiB: 4.1 ms a call against native's 68 us; 1 MiB: 6.2 ms against 0.33), while yielding
-# at every check gave 152 and 363 us. Where a rank has its core alone, sched_yield returns at once:
-# n=2 on two cores took the same time with either, 8 B - 512 KiB (benchmarks/RESULTS.md).
+# A waiting rank yields its core at every deadline check (every _POLLS_PER_CHECK polls), from the
+# start: the peer it waits for may share its core, and not only when the node has more ranks
+# than cores (a job confined to fewer cores than the node has, ranks bound to one core). With both
+# ranks of n=2 on one core, a 2 ms spin before yielding made every step cost about 2 ms (128 KiB:
+# 4.1 ms a call against native's 68 us; 1 MiB: 6.2 ms against 0.33), while yielding at every check
+# gave 152 and 363 us. Where a rank has its core alone, sched_yield returns at once: n=2 on two
+# cores took the same time with either, 8 B - 512 KiB (benchmarks/RESULTS.md).
 _OVERSUBSCRIBED = _ranks_per_core() > 1
-_SPIN_BEFORE_YIELD = 0.0
 _POLLS_PER_CHECK = 4 if _OVERSUBSCRIBED else 64  # polls between deadline checks (and yields)
 
 
@@ -115,8 +114,7 @@ def poll_step(reqs, statuses, recvs, sends, limit, what, prober=None, tag=0):
             pending = sorted({peer for peer, waiting in zip(peers, still_open) if waiting})
             silent = sorted({peer for (peer, _, _), waiting in zip(recvs, still_open) if waiting}) or pending
             raise timeout_error(what, silent, limit)
-        if now - start > _SPIN_BEFORE_YIELD:
-            os.sched_yield()
+        os.sched_yield()  # at every deadline check: the peer may share this core
     for index, status in done.items():
         statuses[index] = status
 

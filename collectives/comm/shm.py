@@ -34,7 +34,7 @@ from ..errors import MismatchError
 from ..binding import COPY, REDUCE
 from ..plan import IN, OUT, TMP
 from .base import foreign_message
-from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, _SPIN_BEFORE_YIELD, timeout_error
+from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, timeout_error
 from . import cma as _cma
 from .shm_arrays import SharedArrays
 from .shm_header import (CALL_FIELDS, CMA_OK, DONE, FIELD_NAMES, FLAGS, HEADER, IN_ADDRESS, IN_ARRAY,
@@ -326,8 +326,7 @@ class ShmTransport:
                         raise MismatchError(foreign_message(what, peer))
             if limit and now - start > limit:
                 raise timeout_error(what, sorted(peer for peer, _, _ in waiting), limit)
-            if now - start > _SPIN_BEFORE_YIELD:
-                os.sched_yield()
+            os.sched_yield()  # at every deadline check: the peer may share this core
 
     def _wait_done(self, peers, call, what, limit, sig, tag):
         headers, index = self.headers, self.node_index
@@ -340,8 +339,7 @@ class ShmTransport:
             now = time.monotonic()
             if limit and now - start > limit:
                 raise timeout_error(what, waiting, limit)
-            if now - start > _SPIN_BEFORE_YIELD:
-                os.sched_yield()
+            os.sched_yield()  # at every deadline check: the peer may share this core
 
     def _mismatch(self, what, call):
         """The MismatchError naming the first field of the call on which the node's ranks
