@@ -587,6 +587,21 @@ def test_missing_tuning_file_is_silent(tuning_file, tmp_path):
             assert _auto_choice(2, 256) == _cost_model_choice(2, 256)
 
 
+def test_without_a_table_a_step_within_a_node_costs_the_executors_alpha(tuning_file, tmp_path):
+    """Over MPI within a node a step costs ALPHA_NODE_STEP (30 us: the executor's Python on top of
+    MPI's latency), so one exchange of the whole buffer (recursive doubling) wins at n=2 up to a few
+    hundred KiB, where MPI's own alpha (15 us) had the ring win from 256 KiB; from 1 MiB the ring's
+    half-size reduction wins (measured: benchmarks/results/auto-no-table-recheck.txt)."""
+    tuning_file(None)
+    with env(COLLECTIVES_TUNING=str(tmp_path / "absent.json")):
+        select.reset()
+        f32 = np.dtype(np.float32)
+        assert select._decide(2, 256 << 10, f32, False, ((0, 1),))[0] == "recursive_doubling"
+        assert select._decide(2, 1 << 20, f32, False, ((0, 1),))[0] == "ring"
+        assert select.cost_choice(2, 256 << 10)[0] != "recursive_doubling"  # MPI's own alpha alone
+        select.reset()
+
+
 def test_corrupt_tuning_file_read_by_many_threads_warns_once(tuning_file):
     where = tuning_file(CORRUPT["truncated json"])
     barrier = threading.Barrier(6)
