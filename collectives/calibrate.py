@@ -49,7 +49,9 @@ def _pingpong_mpi(comm, nbytes, reps, peer=1):
         elif comm.rank == peer:
             comm.Recv(buf, 0, 7)
             comm.Send(buf, 0, 7)
-    return (time.perf_counter() - start) / reps / 2
+    took = (time.perf_counter() - start) / reps / 2
+    _idle_wait(comm)
+    return took
 
 
 def _pingpong_lib(comm, lib, nbytes, reps, peer=1):
@@ -68,7 +70,21 @@ def _pingpong_lib(comm, lib, nbytes, reps, peer=1):
         elif comm.rank == peer:
             lib.exchange([], [(0, buf, 0)], tag, "ping")
             lib.exchange([(0, buf, 0)], [], tag, "pong")
-    return (time.perf_counter() - start) / reps / 2
+    took = (time.perf_counter() - start) / reps / 2
+    _idle_wait(comm)
+    return took
+
+
+def _idle_wait(comm):
+    """The ranks outside a ping-pong wait here for its end in the library's barrier, which
+    yields the core where ranks outnumber cores. In MPI's own barrier they would poll without
+    yielding: with more ranks than cores (an emulated cluster's hosts share this machine's
+    cores), a ping-pong rank that yields while waiting would then lose its core for a
+    scheduler slice, and the small messages' fit (alpha) would measure that, milliseconds,
+    instead of the link (tens of microseconds)."""
+    import collectives
+
+    collectives.barrier(comm)
 
 
 def _fit_line(sizes, times):
@@ -181,7 +197,8 @@ def main(args=None):
             print(f"# {describe_topology(hosts)}: inter-host ping-pong fit alpha {inter_alpha * 1e6:.2f} us, beta "
                   f"{inter_beta * 1e9:.4f} ns/B ({1 / inter_beta / 1e6:.1f} MB/s)"
                   + ("" if two_level else "; hosts of interleaved ranks: predicted with the intra-host line only"))
-        details["inter"] = {"alpha": inter_alpha, "beta": inter_beta, "pingpong": inter["pingpong_library"]}
+        details["inter"] = {"alpha": inter_alpha, "beta": inter_beta, "pingpong": inter["pingpong_library"],
+                            "pingpong_mpi": inter["pingpong_mpi"], "mpi_alpha": inter["mpi_alpha"]}
     rows = []
     if comm.rank == 0:
         print(f"# calibration on {comm.size} ranks, {os.cpu_count()} cores")
@@ -195,9 +212,10 @@ def main(args=None):
               f"beta {details['mpi_beta'] * 1e9:.4f} ns/B ({1 / details['mpi_beta'] / 1e9:.2f} GB/s)")
         if "inter" in details:
             link = details["inter"]
-            print("# inter-host ping-pong half round trip (us):  size  library-exchange  (fit)")
-            for s, t_lib in zip(INTER_SIZES, link["pingpong"]):
-                print(f"#   {s:>9}  {t_lib * 1e6:>12.1f}   (fit {(link['alpha'] + s * link['beta']) * 1e6:.1f})")
+            print("# inter-host ping-pong half round trip (us):  size  library-exchange  raw-mpi4py")
+            for s, t_lib, t_mpi in zip(INTER_SIZES, link["pingpong"], link["pingpong_mpi"]):
+                print(f"#   {s:>9}  {t_lib * 1e6:>12.1f}  {t_mpi * 1e6:>12.1f}   "
+                      f"(fit {(link['alpha'] + s * link['beta']) * 1e6:.1f})")
         print(f"{'algorithm':>20}{'size(B)':>10}{'measured(us)':>14}{'predicted(us)':>15}{'ratio':>8}")
     for name in names:
         for nbytes in sizes:
