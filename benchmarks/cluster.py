@@ -8,7 +8,8 @@ shapes every host's link in both directions (tbf: ``500M`` is 500 Mbit/s; small 
 TCP's ACKs go ahead of bulk data in its queue; no delay emulation).
 PROGRAM runs under MPICH's ``mpiexec`` (Hydra) with K ranks per host, in rank order host by host
 (K may be a comma list, one count per host: ``--hosts 3 --ranks-per-host 2,1,2``). Ranks of one
-host talk through shared memory, ranks of different hosts over TCP on the links, so MPI (and the
+host talk through shared memory, ranks of different hosts over TCP on the links (UCX, every
+message eagerly: ``UCX_RNDV_THRESH=inf`` unless the environment sets it), so MPI (and the
 library) sees H nodes. The exit status is PROGRAM's (mpiexec's); 124 when ``--timeout`` ran out.
 
 Everything is torn down on every exit path the tool controls (normal end, error, Ctrl-C, SIGTERM,
@@ -290,6 +291,9 @@ exec ip netns exec "$ns" unshare --uts --ipc --mount --propagation private \\
         full_env = dict(os.environ if env is None else env)
         full_env[RUN_VARIABLE] = self.run_id
         full_env.setdefault("UCX_NET_DEVICES", "eth0")  # traffic between hosts crosses the links
+        # every message eagerly: over TCP, UCX's rendezvous now and then holds a message back for
+        # another's whole transfer (benchmarks/RESULTS.md, "The simulator against the emulated hosts")
+        full_env.setdefault("UCX_RNDV_THRESH", "inf")
         proc = subprocess.Popen(self.command(program, mpiexec), env=full_env)
         start = time.monotonic()
         empty_since = None

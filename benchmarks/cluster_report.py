@@ -12,7 +12,10 @@ algorithm's measured against predicted time from 1 MiB; with ``--predict``, the 
 made again by this checkout's simulator from the run's own fit (alpha, beta, gamma and the
 inter-host line), so a change to the model can be judged against stored measurements;
 ``--inter-alpha US`` then replaces the fit's inter-host alpha (where the run's small ping-pongs
-measured something else than a message's start-up cost, say a raw MPI ping-pong's half round trip).
+measured something else than a message's start-up cost, say a raw MPI ping-pong's half round trip),
+and ``--sharing queue`` predicts with links that serve one message at a time (the model before
+fair links; the default ``fair`` uses the run's fitted burst, or fits it from a stored run's
+ping-pong).
 ``--plot``: time over the link floor against size, one panel per shape.
 """
 import argparse
@@ -70,15 +73,29 @@ def sweep_table(shapes, rate):
     return "\n".join(out)
 
 
-def predict(data, per_host, inter_alpha=None):
+def link_burst(inter):
+    """The run's fitted link burst (bytes), or, for runs stored before it was fitted, the same
+    fit made from their inter-host ping-pong."""
+    from collectives.calibrate import INTER_SIZES, _link_burst
+
+    if "burst" in inter:
+        return inter["burst"]
+    if "pingpong" not in inter:
+        return 0.0
+    return _link_burst(INTER_SIZES, inter["pingpong"], inter["alpha"], inter["beta"])
+
+
+def predict(data, per_host, inter_alpha=None, sharing="fair"):
     """``data`` (a ``--calibrate --json`` run) with every row's prediction made again by this
-    checkout's simulator, from the run's fit, on ``Topology(per_host, intra, inter, shared_nic=True)``;
-    ``inter_alpha`` (s), where given, in place of the fit's inter-host alpha."""
+    checkout's simulator, from the run's fit, on ``Topology(per_host, intra, inter,
+    shared_nic=True, sharing, burst)`` (the burst on fair links only); ``inter_alpha`` (s),
+    where given, in place of the fit's inter-host alpha."""
     from collectives import simulate as sim
 
     inter = data["details"]["inter"]
     alpha = inter["alpha"] if inter_alpha is None else inter_alpha
-    topo = sim.Topology(per_host, (data["alpha"], data["beta"]), (alpha, inter["beta"]), True)
+    burst = link_burst(inter) if sharing == "fair" else 0.0
+    topo = sim.Topology(per_host, (data["alpha"], data["beta"]), (alpha, inter["beta"]), True, sharing, burst)
     rows = []
     for r in data["rows"]:
         t = sim.simulate(r["algorithm"], ranks=data["ranks"], nbytes=r["size"], alpha=data["alpha"],
@@ -87,21 +104,31 @@ def predict(data, per_host, inter_alpha=None):
     return dict(data, rows=rows)
 
 
-def calibrate_table(shapes, lo=1 << 20, again=False, inter_alpha=None):
+def links_text(inter, again, sharing):
+    """How the table's predictions shared the links: the run's own model, or --predict's."""
+    if again:
+        return f", {sharing} links" + (f", burst {link_burst(inter) / 1e3:.0f} kB" if sharing == "fair" else "")
+    if inter.get("sharing") == "fair":
+        return f", fair links, burst {inter['burst'] / 1e3:.0f} kB"
+    return ", queued links"
+
+
+def calibrate_table(shapes, lo=1 << 20, again=False, inter_alpha=None, sharing="fair"):
     out = []
     for hosts, per_host, path in shapes:
         data = json.load(open(path))
         inter = data.get("details", {}).get("inter", {})
         given = ""
         if again:
-            data = predict(data, per_host, inter_alpha)
+            data = predict(data, per_host, inter_alpha, sharing)
             if inter_alpha is not None and inter:
                 given = f" (given; the run's fit {inter['alpha'] * 1e6:.1f} us)"
                 inter = dict(inter, alpha=inter_alpha)
         per_host = ",".join(map(str, per_host)) if isinstance(per_host, tuple) else per_host
         out.append(f"\n{hosts} hosts x {per_host} ranks: intra-host alpha {data['alpha'] * 1e6:.1f} us, beta "
                    f"{data['beta'] * 1e9:.3f} ns/B; inter-host alpha {inter.get('alpha', 0) * 1e6:.1f} us{given}, beta "
-                   f"{inter.get('beta', 0) * 1e9:.2f} ns/B ({1 / inter['beta'] / 1e6:.1f} MB/s); gamma "
+                   f"{inter.get('beta', 0) * 1e9:.2f} ns/B ({1 / inter['beta'] / 1e6:.1f} MB/s)"
+                   f"{links_text(inter, again, sharing)}; gamma "
                    f"{data['gamma'] * 1e9:.3f} ns/B\n" if inter else "\n")
         sizes = sorted({r["size"] for r in data["rows"] if r["size"] >= lo})
         out.append("| algorithm | " + " | ".join(f"{s >> 20} MiB measured / predicted (ms)" for s in sizes)
@@ -154,6 +181,9 @@ def main(argv=None):
                    help="with --calibrate: predict again with this checkout's simulator from each run's fit")
     p.add_argument("--inter-alpha", type=float, metavar="US",
                    help="with --predict: this inter-host alpha (microseconds) in place of each run's fit")
+    p.add_argument("--sharing", choices=("fair", "queue"), default="fair",
+                   help="with --predict: links shared fairly by the messages crossing them at once, with "
+                        "the run's fitted burst (default), or serving them one at a time, in post order")
     p.add_argument("--plot")
     args = p.parse_args(argv)
     rate = rate_bytes(args.rate)
@@ -164,7 +194,7 @@ def main(argv=None):
         if args.inter_alpha is not None and not args.predict:
             p.error("--inter-alpha needs --predict")
         alpha = None if args.inter_alpha is None else args.inter_alpha * 1e-6
-        print(calibrate_table(args.calibrate, again=args.predict, inter_alpha=alpha))
+        print(calibrate_table(args.calibrate, again=args.predict, inter_alpha=alpha, sharing=args.sharing))
     if args.plot and shapes:
         plot(shapes, args.plot, args.rate)
     return 0

@@ -16,11 +16,16 @@ prediction with the fitted values, and their ratio.
 Across hosts (ranks on several shared-memory nodes, e.g. ``python -m benchmarks.cluster``), a
 second ping-pong between rank 0 and the next host's first rank, 8 B .. 16 MiB, gives the
 inter-host line: beta the slope from 1 MiB on (a shaped link's burst would otherwise pass for
-rate), alpha what the smallest message leaves. Where every host holds consecutive ranks the
-predictions then use ``Topology(ranks per host, or each host's count, intra line, inter line,
-shared_nic=True)``: every host's link carries its messages across hosts one at a time in each
-direction, outgoing and incoming links each on a queue of their own (a message ends when both
-links carried it).
+rate), alpha what the smallest message leaves, and the link's burst (the bytes it passes at
+once after it idled) where that line meets the axis. Where every host holds consecutive ranks
+the predictions then use ``Topology(ranks per host, or each host's count, intra line, inter
+line, shared_nic=True, sharing="fair", burst=...)``: every host's link, outgoing and incoming
+each on its own, carries the messages that cross it at once at equal shares of its rate, as TCP
+streams share a link (a message ends when both links carried it).
+
+The ranks outside a ping-pong sleep until it ends: polling, they would take the cores from the
+ping-pong's ranks on a machine with fewer cores than ranks (an emulated cluster), and alpha
+would measure the scheduler.
 """
 import os
 import sys
@@ -75,16 +80,23 @@ def _pingpong_lib(comm, lib, nbytes, reps, peer=1):
     return took
 
 
-def _idle_wait(comm):
-    """The ranks outside a ping-pong wait here for its end in the library's barrier, which
-    yields the core where ranks outnumber cores. In MPI's own barrier they would poll without
-    yielding: with more ranks than cores (an emulated cluster's hosts share this machine's
-    cores), a ping-pong rank that yields while waiting would then lose its core for a
-    scheduler slice, and the small messages' fit (alpha) would measure that, milliseconds,
-    instead of the link (tens of microseconds)."""
-    import collectives
+def _idle_wait(comm, nap=0.0005):
+    """Every rank waits here for a ping-pong's end; the ranks outside it sleep in short naps.
+    In MPI's barrier they would poll, and even in a yielding wait they stay runnable: on a
+    machine with fewer cores than ranks (an emulated cluster's hosts share this machine's
+    cores) they would take the cores from the two ranks being timed, and the small messages'
+    fit (alpha) would measure the scheduler (milliseconds) instead of the link. Bounded by
+    COLLECTIVES_TIMEOUT."""
+    from .config import timeout
 
-    collectives.barrier(comm)
+    request = comm.Ibarrier()
+    limit = timeout()
+    start = time.monotonic()
+    while not request.Test():
+        if limit and time.monotonic() - start > limit:
+            raise TimeoutError(f"rank {comm.rank}: calibration ping-pong not over after {limit:g} s "
+                               f"(COLLECTIVES_TIMEOUT)")
+        time.sleep(nap)
 
 
 def _fit_line(sizes, times):
@@ -106,6 +118,19 @@ def _fit_link(sizes, times, large=1 << 20):
     beta = max(float(np.polyfit(m[big], t[big], 1)[0]), 1e-13)
     first = int(np.argmin(m))
     return max(float(t[first] - m[first] * beta), 1e-7), beta
+
+
+def _link_burst(sizes, times, alpha, beta, large=1 << 20):
+    """Bytes a shaped link passes at once after it idled (tbf's burst): the line through the
+    sizes from ``large`` on meets the axis at alpha less the burst's time at the rate. In a
+    ping-pong each direction's link idles while the other carries the reply, long enough from
+    ``large`` on to fill its bucket again."""
+    m, t = np.array(sizes, float), np.array(times, float)
+    big = m >= large
+    if big.sum() < 2:
+        return 0.0
+    intercept = float(np.mean(t[big] - m[big] * beta))
+    return max(0.0, (alpha - intercept) / beta)
 
 
 def _gamma(comm):
@@ -189,16 +214,18 @@ def main(args=None):
     if len(hosts) > 1:  # across hosts: rank 0 with a rank of the next host gives the inter-host line,
         # its beta from 1 to 16 MiB (a shaped link passes its first burst faster than its rate)
         inter_alpha, inter_beta, _, inter = fit(comm, lib, peer=hosts[1][0], sizes=INTER_SIZES, line=_fit_link)
+        burst = _link_burst(INTER_SIZES, inter["pingpong_library"], inter_alpha, inter_beta)
         counts = [len(h) for h in hosts]
         if [r for h in hosts for r in h] == list(range(comm.size)):  # hosts of consecutive ranks
             per_node = counts[0] if len(set(counts)) == 1 else tuple(counts)
-            two_level = sim.Topology(per_node, (alpha, beta), (inter_alpha, inter_beta), True)
+            two_level = sim.Topology(per_node, (alpha, beta), (inter_alpha, inter_beta), True, "fair", burst)
         if comm.rank == 0:
             print(f"# {describe_topology(hosts)}: inter-host ping-pong fit alpha {inter_alpha * 1e6:.2f} us, beta "
-                  f"{inter_beta * 1e9:.4f} ns/B ({1 / inter_beta / 1e6:.1f} MB/s)"
+                  f"{inter_beta * 1e9:.4f} ns/B ({1 / inter_beta / 1e6:.1f} MB/s), burst {burst / 1e3:.0f} kB"
                   + ("" if two_level else "; hosts of interleaved ranks: predicted with the intra-host line only"))
-        details["inter"] = {"alpha": inter_alpha, "beta": inter_beta, "pingpong": inter["pingpong_library"],
-                            "pingpong_mpi": inter["pingpong_mpi"], "mpi_alpha": inter["mpi_alpha"]}
+        details["inter"] = {"alpha": inter_alpha, "beta": inter_beta, "burst": burst, "sharing": "fair",
+                            "pingpong": inter["pingpong_library"], "pingpong_mpi": inter["pingpong_mpi"],
+                            "mpi_alpha": inter["mpi_alpha"]}
     rows = []
     if comm.rank == 0:
         print(f"# calibration on {comm.size} ranks, {os.cpu_count()} cores")

@@ -5,9 +5,12 @@ beta, starting in the order of its post time, ties broken by message index (the 
 then the earlier step, then post order: a deterministic model). With a shared NIC, a message
 between nodes takes its turn on the sending node's outgoing link and, on a queue of its own, on
 the receiving node's incoming link instead (alpha + m beta on each, each link serving its
-messages in that order), and ends when both links have carried it. A rank's step ends when all
-its messages have, then its reductions take gamma per byte. ``collectives.simulate._waves``
-computes the same schedule in vectorised waves; the event loop below runs where it cannot.
+messages in that order), and ends when both links have carried it. On fair links
+(``Topology(sharing="fair")``) each link instead carries every message crossing it at once at an
+equal share of its rate (``_FairLinks``), and a message that finds its link idle has the link's
+burst taken off. A rank's step ends when all its messages have, then its reductions take gamma
+per byte. ``collectives.simulate._waves`` computes the queued schedule in vectorised waves; the
+event loop below runs where it cannot, and on fair links.
 """
 import bisect
 import heapq
@@ -49,8 +52,10 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
         dur_arr = np.where(same, topology.intra[0] + nbytes_arr * topology.intra[1],
                            topology.inter[0] + nbytes_arr * topology.inter[1])
         nic_arr = (~same).tolist() if topology.shared_nic else None
-    wave = wave_times(f, dur_arr, f.work * itemsize * gamma, None if topology is None or not topology.shared_nic
-                      else ~same, node if topology else None, record, itemsize)
+    fair = topology is not None and topology.sharing == "fair"
+    wave = None if fair else wave_times(f, dur_arr, f.work * itemsize * gamma,
+                                        None if topology is None or not topology.shared_nic else ~same,
+                                        node if topology else None, record, itemsize)
     if wave is not None:  # every port served its messages in (post, index) order: the event loop's answer
         return wave
     dur = dur_arr.tolist()
@@ -70,6 +75,10 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
         node_of = node.tolist()
         nnodes = int(node.max()) + 1 if p else 0
         nic_s, nic_r = [0.0] * nnodes, [0.0] * nnodes
+        if fair:
+            links_fair = _FairLinks(2 * nnodes, topology.burst * topology.inter[1])
+            halves = {}  # message -> how many of its two links have carried it
+            byte_time = (nbytes_arr * topology.inter[1]).tolist()
 
     cur = list(first)
     outstanding = [0] * p
@@ -130,13 +139,73 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
         cur[rank] = g
         finish[rank] = when
 
+    def deliver(i, start, end):
+        """Message ``i`` ran from ``start`` to ``end``: its sender's and receiver's steps learn it."""
+        src = s_src[i]
+        dst = s_dst[i]
+        if record:
+            messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
+        # the sender's step: one message fewer to wait for
+        if end >= latest[src]:
+            latest[src] = end
+            cause[src] = 2 * dst
+            settled[src] = True
+        elif not settled[src]:
+            cause[src] = 2 * dst
+        outstanding[src] -= 1
+        if not outstanding[src]:
+            g = cur[src]
+            link_cause[g] = cause[src]
+            link_time[g] = done = latest[src]
+            advance(src, g + 1, done + wt[g])
+        # the receiver's, if it is there yet; else the message waits for it
+        g = s_rg[i]
+        if cur[dst] == g and outstanding[dst] > 0:
+            if end >= latest[dst]:
+                latest[dst] = end
+                cause[dst] = 2 * src + 1
+                settled[dst] = True
+            elif not settled[dst]:
+                cause[dst] = 2 * src + 1
+            outstanding[dst] -= 1
+            if not outstanding[dst]:
+                link_cause[g] = cause[dst]
+                link_time[g] = done = latest[dst]
+                advance(dst, g + 1, done + wt[g])
+        else:
+            why = 2 * src + 1
+            early_n[g] += 1
+            early_last[g] = why
+            if end >= early_end[g]:
+                early_end[g] = end
+                early_max[g] = why
+
+    post_of = {}
     for rank in range(p):
         advance(rank, first[rank], 0.0)
     while heap:
         ready, step = pop(heap)
+        if step < 0:  # fair links: a link's next message(s) end
+            for i in links_fair.due(-1 - step, ready):
+                halves[i] += 1
+                if halves[i] == 2:
+                    deliver(i, post_of[i], ready)
+            for link, when in links_fair.wake:
+                push(heap, (when, -1 - link))
+            links_fair.wake.clear()
+            continue
         for i in range(ss[step], ss[step + 1]):
             src = s_src[i]
             dst = s_dst[i]
+            if fair and nic_arr[i]:  # across nodes, on fair links: it ends when both links have carried it
+                post_of[i] = ready
+                halves[i] = 0
+                links_fair.arrive(node_of[src], i, ready, dur[i], byte_time[i])
+                links_fair.arrive(nnodes + node_of[dst], i, ready, dur[i], byte_time[i])
+                for link, when in links_fair.wake:
+                    push(heap, (when, -1 - link))
+                links_fair.wake.clear()
+                continue
             if nic_arr is not None and nic_arr[i]:  # across nodes: the two nodes' links (each its own
                 ns_, nd_ = node_of[src], node_of[dst]  # queue), not the ranks' ports; done when both carried it
                 out_end = (ready if ready > nic_s[ns_] else nic_s[ns_]) + dur[i]
@@ -154,46 +223,69 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
                 end = start + dur[i]
                 send_free[src] = end
                 recv_free[dst] = end
-            if record:
-                messages.append((start, end, src, dst, s_lstep[i], s_nbytes[i]))
-            # the sender's step: one message fewer to wait for
-            if end >= latest[src]:
-                latest[src] = end
-                cause[src] = 2 * dst
-                settled[src] = True
-            elif not settled[src]:
-                cause[src] = 2 * dst
-            outstanding[src] -= 1
-            if not outstanding[src]:
-                g = cur[src]
-                link_cause[g] = cause[src]
-                link_time[g] = done = latest[src]
-                advance(src, g + 1, done + wt[g])
-            # the receiver's, if it is there yet; else the message waits for it
-            g = s_rg[i]
-            if cur[dst] == g and outstanding[dst] > 0:
-                if end >= latest[dst]:
-                    latest[dst] = end
-                    cause[dst] = 2 * src + 1
-                    settled[dst] = True
-                elif not settled[dst]:
-                    cause[dst] = 2 * src + 1
-                outstanding[dst] -= 1
-                if not outstanding[dst]:
-                    link_cause[g] = cause[dst]
-                    link_time[g] = done = latest[dst]
-                    advance(dst, g + 1, done + wt[g])
-            else:
-                why = 2 * src + 1
-                early_n[g] += 1
-                early_last[g] = why
-                if end >= early_end[g]:
-                    early_end[g] = end
-                    early_max[g] = why
+            deliver(i, start, end)
     stuck = [r for r in range(p) if cur[r] < last[r]]
     if stuck:
         raise PlanError(f"deadlock: ranks {stuck[:8]} never finish (step {cur[stuck[0]] - first[stuck[0]]})")
     return finish, (link_cause, link_time, f), messages
+
+
+class _FairLinks:
+    """Links that carry every message crossing them at once, each at an equal share of the rate
+    (processor sharing), each link on its own. Work is in seconds at the full rate. An idle link
+    gathers ``burst`` seconds of tokens at most (a token bucket refilled at its rate while it
+    idles); a message that finds it idle has that much of its bytes' time taken off. ``arrive``
+    and ``due`` leave in ``wake`` the (link, time) at which a link's next message ends; a wake
+    that a later arrival moved is stale, and ``due`` answers it with nothing."""
+
+    def __init__(self, nlinks, burst):
+        self.active = [{} for _ in range(nlinks)]  # message -> work left
+        self.last = [0.0] * nlinks
+        self.next = [None] * nlinks
+        self.tokens = [burst] * nlinks  # idle before the call: a full bucket
+        self.idle_since = [0.0] * nlinks
+        self.burst = burst
+        self.wake = []
+
+    def _progress(self, link, now):
+        active = self.active[link]
+        if active:
+            share = (now - self.last[link]) / len(active)
+            if share > 0:
+                for i in active:
+                    active[i] -= share
+        self.last[link] = now
+
+    def _schedule(self, link, now):
+        active = self.active[link]
+        if active:
+            self.next[link] = when = now + min(active.values()) * len(active)
+            self.wake.append((link, when))
+        else:
+            self.next[link] = None
+            self.idle_since[link] = now
+
+    def arrive(self, link, i, now, work, byte_time):
+        self._progress(link, now)
+        if not self.active[link] and self.burst:
+            tokens = min(self.burst, self.tokens[link] + (now - self.idle_since[link]))
+            free = min(byte_time, tokens)
+            self.tokens[link] = tokens - free
+            work -= free
+        self.active[link][i] = work
+        self._schedule(link, now)
+
+    def due(self, link, now):
+        """The messages that end on ``link`` at ``now`` (none for a stale wake), in index order."""
+        if self.next[link] != now:
+            return []
+        self._progress(link, now)
+        active = self.active[link]
+        done = sorted(i for i, left in active.items() if left <= 1e-12)
+        for i in done:
+            del active[i]
+        self._schedule(link, now)
+        return done
 
 
 def critical_path(finish, links, plans=None):

@@ -15,11 +15,31 @@ class Topology:
     nodes takes a turn on the sending node's outgoing link and one on the receiving node's
     incoming link (each link shared by the node's ranks and serving one message at a time, each
     on its own queue) instead of holding its ranks' ports, and ends when both links carried it;
-    without, it holds the ranks' ports only."""
+    without, it holds the ranks' ports only.
+
+    ``sharing`` says how a shared link serves the messages that cross it at once: ``"queue"``
+    (the default) one at a time in the order they were posted; ``"fair"`` all at once, each at
+    an equal share of its rate (as TCP streams share a link), so a message posted while another
+    crosses slows it down. ``burst`` (bytes, fair links only) is what a link passes at once after
+    it idled, as a token-bucket shaper does (tbf's burst): an idle link gathers tokens at its
+    rate up to ``burst``, and a message that finds it idle has that many of its bytes' time
+    taken off."""
     ranks_per_node: object
     intra: tuple
     inter: tuple
     shared_nic: bool = False
+    sharing: str = "queue"
+    burst: float = 0.0
+
+    def __post_init__(self):
+        if self.sharing not in ("queue", "fair"):
+            raise ValueError(f"sharing must be 'queue' or 'fair', got {self.sharing!r}")
+        if self.burst < 0:
+            raise ValueError(f"burst must be >= 0 bytes, got {self.burst!r}")
+        if (self.sharing == "fair" or self.burst) and not self.shared_nic:
+            raise ValueError("sharing='fair' and burst model a node's shared link: they need shared_nic=True")
+        if self.burst and self.sharing != "fair":
+            raise ValueError("burst is modelled on fair links only (sharing='fair')")
 
     def _ends(self):
         counts = tuple(int(k) for k in self.ranks_per_node)
@@ -43,13 +63,13 @@ class Topology:
 
     @classmethod
     def parse(cls, text, alpha, beta):
-        """``nodes=128x8,intra=A:B,inter=A:B,nic=shared`` (nodes = count x ranks per node, or the
-        ranks of each node: ``nodes=2+1+2``)."""
+        """``nodes=128x8,intra=A:B,inter=A:B,nic=shared[,links=fair,burst=BYTES]`` (nodes = count x
+        ranks per node, or the ranks of each node: ``nodes=2+1+2``)."""
         fields = dict(part.split("=", 1) for part in text.split(",") if part)
-        unknown = set(fields) - {"nodes", "intra", "inter", "nic"}
+        unknown = set(fields) - {"nodes", "intra", "inter", "nic", "links", "burst"}
         if unknown:
             raise ValueError(f"unknown topology field(s) {', '.join(sorted(unknown))}; "
-                             f"valid: nodes, intra, inter, nic")
+                             f"valid: nodes, intra, inter, nic, links, burst")
         if "nodes" not in fields:
             raise ValueError("topology needs nodes=COUNTxRANKS_PER_NODE")
         if "+" in fields["nodes"]:
@@ -63,4 +83,5 @@ class Topology:
         inter = pair(fields["inter"]) if "inter" in fields else (alpha, beta)
         if fields.get("nic", "").lower() not in ("", "shared", "private"):
             raise ValueError("nic must be 'shared' or 'private'")
-        return cls(per_node, intra, inter, fields.get("nic", "").lower() == "shared"), total
+        return cls(per_node, intra, inter, fields.get("nic", "").lower() == "shared",
+                   fields.get("links", "queue").lower(), float(fields.get("burst", 0))), total
