@@ -15,7 +15,9 @@ inter-host line), so a change to the model can be judged against stored measurem
 measured something else than a message's start-up cost, say a raw MPI ping-pong's half round trip),
 and ``--sharing queue`` predicts with links that serve one message at a time (the model before
 fair links; the default ``fair`` uses the run's fitted burst, or fits it from a stored run's
-ping-pong).
+ping-pong). On fair links each call is predicted as the calibration measures it, one of a run of
+calls back to back (``Topology(..., back_to_back=True)``: a link starts a call with the tokens
+the call before left it); ``--calls single`` predicts a call that finds every link idle.
 ``--plot``: time over the link floor against size, one panel per shape.
 """
 import argparse
@@ -85,17 +87,18 @@ def link_burst(inter):
     return _link_burst(INTER_SIZES, inter["pingpong"], inter["alpha"], inter["beta"])
 
 
-def predict(data, per_host, inter_alpha=None, sharing="fair"):
+def predict(data, per_host, inter_alpha=None, sharing="fair", back_to_back=True):
     """``data`` (a ``--calibrate --json`` run) with every row's prediction made again by this
     checkout's simulator, from the run's fit, on ``Topology(per_host, intra, inter,
-    shared_nic=True, sharing, burst)`` (the burst on fair links only); ``inter_alpha`` (s),
-    where given, in place of the fit's inter-host alpha."""
+    shared_nic=True, sharing, burst, back_to_back)`` (the burst and back-to-back calls on fair
+    links only); ``inter_alpha`` (s), where given, in place of the fit's inter-host alpha."""
     from collectives import simulate as sim
 
     inter = data["details"]["inter"]
     alpha = inter["alpha"] if inter_alpha is None else inter_alpha
     burst = link_burst(inter) if sharing == "fair" else 0.0
-    topo = sim.Topology(per_host, (data["alpha"], data["beta"]), (alpha, inter["beta"]), True, sharing, burst)
+    topo = sim.Topology(per_host, (data["alpha"], data["beta"]), (alpha, inter["beta"]), True, sharing, burst,
+                        back_to_back and burst > 0)
     rows = []
     for r in data["rows"]:
         t = sim.simulate(r["algorithm"], ranks=data["ranks"], nbytes=r["size"], alpha=data["alpha"],
@@ -104,23 +107,25 @@ def predict(data, per_host, inter_alpha=None, sharing="fair"):
     return dict(data, rows=rows)
 
 
-def links_text(inter, again, sharing):
+def links_text(inter, again, sharing, back_to_back=True):
     """How the table's predictions shared the links: the run's own model, or --predict's."""
+    calls = ", calls back to back" if back_to_back else ", each call on idle links"
     if again:
-        return f", {sharing} links" + (f", burst {link_burst(inter) / 1e3:.0f} kB" if sharing == "fair" else "")
+        return f", {sharing} links" + (f", burst {link_burst(inter) / 1e3:.0f} kB{calls}" if sharing == "fair" else "")
     if inter.get("sharing") == "fair":
-        return f", fair links, burst {inter['burst'] / 1e3:.0f} kB"
+        stored = ", calls back to back" if inter.get("back_to_back") else ", each call on idle links"
+        return f", fair links, burst {inter['burst'] / 1e3:.0f} kB{stored}"
     return ", queued links"
 
 
-def calibrate_table(shapes, lo=1 << 20, again=False, inter_alpha=None, sharing="fair"):
+def calibrate_table(shapes, lo=1 << 20, again=False, inter_alpha=None, sharing="fair", back_to_back=True):
     out = []
     for hosts, per_host, path in shapes:
         data = json.load(open(path))
         inter = data.get("details", {}).get("inter", {})
         given = ""
         if again:
-            data = predict(data, per_host, inter_alpha, sharing)
+            data = predict(data, per_host, inter_alpha, sharing, back_to_back)
             if inter_alpha is not None and inter:
                 given = f" (given; the run's fit {inter['alpha'] * 1e6:.1f} us)"
                 inter = dict(inter, alpha=inter_alpha)
@@ -128,7 +133,7 @@ def calibrate_table(shapes, lo=1 << 20, again=False, inter_alpha=None, sharing="
         out.append(f"\n{hosts} hosts x {per_host} ranks: intra-host alpha {data['alpha'] * 1e6:.1f} us, beta "
                    f"{data['beta'] * 1e9:.3f} ns/B; inter-host alpha {inter.get('alpha', 0) * 1e6:.1f} us{given}, beta "
                    f"{inter.get('beta', 0) * 1e9:.2f} ns/B ({1 / inter['beta'] / 1e6:.1f} MB/s)"
-                   f"{links_text(inter, again, sharing)}; gamma "
+                   f"{links_text(inter, again, sharing, back_to_back)}; gamma "
                    f"{data['gamma'] * 1e9:.3f} ns/B\n" if inter else "\n")
         sizes = sorted({r["size"] for r in data["rows"] if r["size"] >= lo})
         out.append("| algorithm | " + " | ".join(f"{s >> 20} MiB measured / predicted (ms)" for s in sizes)
@@ -184,6 +189,9 @@ def main(argv=None):
     p.add_argument("--sharing", choices=("fair", "queue"), default="fair",
                    help="with --predict: links shared fairly by the messages crossing them at once, with "
                         "the run's fitted burst (default), or serving them one at a time, in post order")
+    p.add_argument("--calls", choices=("back-to-back", "single"), default="back-to-back",
+                   help="with --predict on fair links: each call one of a run back to back, as the "
+                        "calibration measures (default), or one that finds every link idle")
     p.add_argument("--plot")
     args = p.parse_args(argv)
     rate = rate_bytes(args.rate)
@@ -194,7 +202,8 @@ def main(argv=None):
         if args.inter_alpha is not None and not args.predict:
             p.error("--inter-alpha needs --predict")
         alpha = None if args.inter_alpha is None else args.inter_alpha * 1e-6
-        print(calibrate_table(args.calibrate, again=args.predict, inter_alpha=alpha, sharing=args.sharing))
+        print(calibrate_table(args.calibrate, again=args.predict, inter_alpha=alpha, sharing=args.sharing,
+                              back_to_back=args.calls == "back-to-back"))
     if args.plot and shapes:
         plot(shapes, args.plot, args.rate)
     return 0

@@ -19,9 +19,11 @@ inter-host line: beta the slope from 1 MiB on (a shaped link's burst would other
 rate), alpha what the smallest message leaves, and the link's burst (the bytes it passes at
 once after it idled) where that line meets the axis. Where every host holds consecutive ranks
 the predictions then use ``Topology(ranks per host, or each host's count, intra line, inter
-line, shared_nic=True, sharing="fair", burst=...)``: every host's link, outgoing and incoming
-each on its own, carries the messages that cross it at once at equal shares of its rate, as TCP
-streams share a link (a message ends when both links carried it).
+line, shared_nic=True, sharing="fair", burst=..., back_to_back=True)``: every host's link,
+outgoing and incoming each on its own, carries the messages that cross it at once at equal shares
+of its rate, as TCP streams share a link (a message ends when both links carried it), and starts
+each call with the tokens the call before left it (the calls are timed back to back, so a link
+regains its burst only where it idles).
 
 The ranks outside a ping-pong sleep until it ends: polling, they would take the cores from the
 ping-pong's ranks on a machine with fewer cores than ranks (an emulated cluster), and alpha
@@ -218,12 +220,15 @@ def main(args=None):
         counts = [len(h) for h in hosts]
         if [r for h in hosts for r in h] == list(range(comm.size)):  # hosts of consecutive ranks
             per_node = counts[0] if len(set(counts)) == 1 else tuple(counts)
-            two_level = sim.Topology(per_node, (alpha, beta), (inter_alpha, inter_beta), True, "fair", burst)
+            # calls back to back, as measure() times them: a link starts with what the call before left
+            two_level = sim.Topology(per_node, (alpha, beta), (inter_alpha, inter_beta), True, "fair", burst,
+                                     burst > 0)
         if comm.rank == 0:
             print(f"# {describe_topology(hosts)}: inter-host ping-pong fit alpha {inter_alpha * 1e6:.2f} us, beta "
                   f"{inter_beta * 1e9:.4f} ns/B ({1 / inter_beta / 1e6:.1f} MB/s), burst {burst / 1e3:.0f} kB"
                   + ("" if two_level else "; hosts of interleaved ranks: predicted with the intra-host line only"))
         details["inter"] = {"alpha": inter_alpha, "beta": inter_beta, "burst": burst, "sharing": "fair",
+                            "back_to_back": burst > 0,
                             "pingpong": inter["pingpong_library"], "pingpong_mpi": inter["pingpong_mpi"],
                             "mpi_alpha": inter["mpi_alpha"]}
     rows = []

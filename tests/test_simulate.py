@@ -250,6 +250,34 @@ def test_fair_links_and_burst_in_whole_runs():
         assert across[0] == pytest.approx(first * n / 4 * LINK, rel=1e-3), sharing
 
 
+def test_back_to_back_calls_start_with_the_tokens_the_call_before_left():
+    # one rank per host, 2 hosts, no reduction time: the ring's second step leaves both links with
+    # no tokens, so a call that follows one (a benchmark's loop) gets no burst; a call on idle links
+    # gets it on its first step
+    burst, n = 256 << 10, 4 << 20
+    args = (1, (2e-6, 1e-10), (50e-6, LINK), True, "fair", burst)
+    single = collectives.simulate("ring", ranks=2, nbytes=n, gamma=0.0, topology=sim.Topology(*args))
+    warm = collectives.simulate("ring", ranks=2, nbytes=n, gamma=0.0, topology=sim.Topology(*args, True))
+    assert single.time == pytest.approx(2 * 50e-6 + (n - burst) * LINK, rel=1e-9)
+    assert warm.time == pytest.approx(2 * 50e-6 + n * LINK, rel=1e-9) and warm.verified
+    # every algorithm: a call after another never has more tokens than one on idle links
+    for name in ALGORITHMS:
+        topo = (2, (3e-6, 5e-10), (20e-6, LINK), True, "fair", burst)
+        times = [collectives.simulate(name, ranks=6, nbytes=1 << 20, topology=sim.Topology(*topo, warm),
+                                      verify_data=False).time for warm in (False, True)]
+        assert times[0] <= times[1] * (1 + 1e-12), (name, times)
+
+
+def test_back_to_back_needs_a_burst_and_parses():
+    with pytest.raises(ValueError, match="needs burst"):
+        sim.Topology(2, (1, 1), (1, 1), True, "fair", 0, True)
+    topo, _ = sim.Topology.parse("nodes=2x2,nic=shared,links=fair,burst=1000,calls=back-to-back", 1, 1)
+    assert topo.back_to_back
+    assert not sim.Topology.parse("nodes=2x2,nic=shared,links=fair,burst=1000", 1, 1)[0].back_to_back
+    with pytest.raises(ValueError, match="calls must be"):
+        sim.Topology.parse("nodes=2x2,nic=shared,links=fair,burst=1000,calls=often", 1, 1)
+
+
 def test_topology_sharing_and_burst_are_checked_and_parsed():
     with pytest.raises(ValueError, match="sharing must be"):
         sim.Topology(2, (1, 1), (1, 1), True, "lifo")
@@ -338,11 +366,14 @@ def test_cluster_report_predicts_again_from_a_runs_fit(tmp_path):
 
     run["details"]["inter"]["pingpong"] = [50e-6 + max(0, m - (200 << 10)) * LINK for m in INTER_SIZES]
     path.write_text(json.dumps(run))
-    fair = sim.Topology(2, (2e-6, 1e-10), (50e-6, LINK), shared_nic=True, sharing="fair", burst=200 << 10)
-    now = collectives.simulate("shm", ranks=6, nbytes=1 << 20, alpha=2e-6, beta=1e-10, gamma=1e-10,
-                               topology=fair, verify_data=False).time
-    table = cluster_report.calibrate_table([cluster_report._shape(f"3x2={path}")], again=True)
-    assert f"50.0 / {now * 1e3:.1f} ({0.05 / now:.2f})" in table and "fair links, burst 205 kB" in table
+    for warm, calls in ((True, "calls back to back"), (False, "each call on idle links")):
+        fair = sim.Topology(2, (2e-6, 1e-10), (50e-6, LINK), shared_nic=True, sharing="fair", burst=200 << 10,
+                            back_to_back=warm)
+        now = collectives.simulate("shm", ranks=6, nbytes=1 << 20, alpha=2e-6, beta=1e-10, gamma=1e-10,
+                                   topology=fair, verify_data=False).time
+        table = cluster_report.calibrate_table([cluster_report._shape(f"3x2={path}")], again=True, back_to_back=warm)
+        assert f"50.0 / {now * 1e3:.1f} ({0.05 / now:.2f})" in table, (calls, table)
+        assert f"fair links, burst 205 kB, {calls}" in table
     assert "50.0 / 120.0 (0.42)" in cluster_report.calibrate_table([cluster_report._shape(f"3x2={path}")])
     assert cluster_report._shape("3x2,1,2=f.json") == (3, (2, 1, 2), "f.json")
 

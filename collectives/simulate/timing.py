@@ -22,14 +22,32 @@ from ..flat import _Flat
 from ..plan import PlanError
 
 
+BACK_TO_BACK_ROUNDS = 20  # at most this many calls timed to find the links' tokens repeating
+
+
 def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
     """Discrete-event model: messages start in order of their post time, each holds its
     sender's send port and its receiver's receive port for alpha + m beta (with a shared NIC and
     between nodes, a turn on each of the two nodes' links instead, ending at the later turn's end);
     a step ends when all its messages have, then its reductions take gamma per byte. Returns
     (finish per rank, links, messages): ``links`` is, per global step, the message that ended it
-    last (for the critical path)."""
+    last (for the critical path). With ``topology.back_to_back`` the call is timed again, each
+    time from the tokens the one before left its links, until they repeat (the last timing)."""
     f = flat if flat is not None else _Flat(plans)
+    if topology is None or not topology.back_to_back:
+        return _time_call(f, alpha, beta, gamma, itemsize, topology, record)[0]
+    tokens = None  # the first call finds every link idle, its bucket full
+    for _ in range(BACK_TO_BACK_ROUNDS):
+        result, links = _time_call(f, alpha, beta, gamma, itemsize, topology, record, tokens)
+        left = links.left(max(result[0], default=0.0))
+        if tokens is not None and max((abs(a - b) for a, b in zip(left, tokens)), default=0.0) <= 1e-12:
+            break
+        tokens = left
+    return result
+
+
+def _time_call(f, alpha, beta, gamma, itemsize, topology, record, tokens=None):
+    """One call's (finish, links, messages) from ``time_plans``, and the fair links (or None)."""
     p = f.p
     bad = np.flatnonzero(f.s_match < 0)
     if bad.size:
@@ -57,7 +75,7 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
                                         None if topology is None or not topology.shared_nic else ~same,
                                         node if topology else None, record, itemsize)
     if wave is not None:  # every port served its messages in (post, index) order: the event loop's answer
-        return wave
+        return wave, None
     dur = dur_arr.tolist()
     s_src = f.s_rank.tolist()
     s_dst = f.s_peer.tolist()
@@ -76,7 +94,7 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
         nnodes = int(node.max()) + 1 if p else 0
         nic_s, nic_r = [0.0] * nnodes, [0.0] * nnodes
         if fair:
-            links_fair = _FairLinks(2 * nnodes, topology.burst * topology.inter[1])
+            links_fair = _FairLinks(2 * nnodes, topology.burst * topology.inter[1], tokens)
             halves = {}  # message -> how many of its two links have carried it
             byte_time = (nbytes_arr * topology.inter[1]).tolist()
 
@@ -227,7 +245,7 @@ def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None)
     stuck = [r for r in range(p) if cur[r] < last[r]]
     if stuck:
         raise PlanError(f"deadlock: ranks {stuck[:8]} never finish (step {cur[stuck[0]] - first[stuck[0]]})")
-    return finish, (link_cause, link_time, f), messages
+    return (finish, (link_cause, link_time, f), messages), links_fair if fair and nic_arr is not None else None
 
 
 class _FairLinks:
@@ -238,11 +256,12 @@ class _FairLinks:
     and ``due`` leave in ``wake`` the (link, time) at which a link's next message ends; a wake
     that a later arrival moved is stale, and ``due`` answers it with nothing."""
 
-    def __init__(self, nlinks, burst):
+    def __init__(self, nlinks, burst, tokens=None):
         self.active = [{} for _ in range(nlinks)]  # message -> work left
         self.last = [0.0] * nlinks
         self.next = [None] * nlinks
-        self.tokens = [burst] * nlinks  # idle before the call: a full bucket
+        # idle before the call: a full bucket, or what the call before left
+        self.tokens = [burst] * nlinks if tokens is None else list(tokens)
         self.idle_since = [0.0] * nlinks
         self.burst = burst
         self.wake = []
@@ -274,6 +293,10 @@ class _FairLinks:
             work -= free
         self.active[link][i] = work
         self._schedule(link, now)
+
+    def left(self, end):
+        """The tokens every link holds at ``end``, after the call (every link idle then)."""
+        return [min(self.burst, held + max(0.0, end - since)) for held, since in zip(self.tokens, self.idle_since)]
 
     def due(self, link, now):
         """The messages that end on ``link`` at ``now`` (none for a stale wake), in index order."""

@@ -23,13 +23,18 @@ class Topology:
     crosses slows it down. ``burst`` (bytes, fair links only) is what a link passes at once after
     it idled, as a token-bucket shaper does (tbf's burst): an idle link gathers tokens at its
     rate up to ``burst``, and a message that finds it idle has that many of its bytes' time
-    taken off."""
+    taken off. ``back_to_back`` (fair links with a burst) times the call as one of a run of
+    identical calls with no pause between them, as a benchmark loop makes them: each link starts
+    with the tokens the call before left it (what it held at its last message plus what it
+    gathered while it idled until the call's end), found by timing the call again until that
+    start repeats; without it every link starts idle with a full bucket."""
     ranks_per_node: object
     intra: tuple
     inter: tuple
     shared_nic: bool = False
     sharing: str = "queue"
     burst: float = 0.0
+    back_to_back: bool = False
 
     def __post_init__(self):
         if self.sharing not in ("queue", "fair"):
@@ -40,6 +45,8 @@ class Topology:
             raise ValueError("sharing='fair' and burst model a node's shared link: they need shared_nic=True")
         if self.burst and self.sharing != "fair":
             raise ValueError("burst is modelled on fair links only (sharing='fair')")
+        if self.back_to_back and not self.burst:
+            raise ValueError("back_to_back carries a link's burst from one call to the next: it needs burst > 0")
 
     def _ends(self):
         counts = tuple(int(k) for k in self.ranks_per_node)
@@ -63,13 +70,13 @@ class Topology:
 
     @classmethod
     def parse(cls, text, alpha, beta):
-        """``nodes=128x8,intra=A:B,inter=A:B,nic=shared[,links=fair,burst=BYTES]`` (nodes = count x
-        ranks per node, or the ranks of each node: ``nodes=2+1+2``)."""
+        """``nodes=128x8,intra=A:B,inter=A:B,nic=shared[,links=fair,burst=BYTES[,calls=back-to-back]]``
+        (nodes = count x ranks per node, or the ranks of each node: ``nodes=2+1+2``)."""
         fields = dict(part.split("=", 1) for part in text.split(",") if part)
-        unknown = set(fields) - {"nodes", "intra", "inter", "nic", "links", "burst"}
+        unknown = set(fields) - {"nodes", "intra", "inter", "nic", "links", "burst", "calls"}
         if unknown:
             raise ValueError(f"unknown topology field(s) {', '.join(sorted(unknown))}; "
-                             f"valid: nodes, intra, inter, nic, links, burst")
+                             f"valid: nodes, intra, inter, nic, links, burst, calls")
         if "nodes" not in fields:
             raise ValueError("topology needs nodes=COUNTxRANKS_PER_NODE")
         if "+" in fields["nodes"]:
@@ -83,5 +90,9 @@ class Topology:
         inter = pair(fields["inter"]) if "inter" in fields else (alpha, beta)
         if fields.get("nic", "").lower() not in ("", "shared", "private"):
             raise ValueError("nic must be 'shared' or 'private'")
+        calls = fields.get("calls", "single").lower()
+        if calls not in ("single", "back-to-back"):
+            raise ValueError(f"calls must be 'single' or 'back-to-back', got {calls!r}")
         return cls(per_node, intra, inter, fields.get("nic", "").lower() == "shared",
-                   fields.get("links", "queue").lower(), float(fields.get("burst", 0))), total
+                   fields.get("links", "queue").lower(), float(fields.get("burst", 0)),
+                   calls == "back-to-back"), total
