@@ -29,8 +29,10 @@ node's incoming link (not its ranks' ports; each link its own queue, one message
 ends when both links carried it, so no algorithm beats the link floor 2(H-1)/H N beta_inter,
 and all-to-all traffic keeps every link busy. ``sharing="fair"`` lets a link carry every
 message crossing it at once, each at an equal share of its rate (as TCP streams share a link),
-and ``burst=BYTES`` takes a shaper's burst off a message that finds its link idle; the
-calibration across hosts predicts with both (``--topology ...,nic=shared,links=fair,burst=B``).
+and ``burst=BYTES`` takes a shaper's burst off a message that finds its link idle;
+``back_to_back=True`` times a call that follows an identical one (each link starts with the
+tokens the call before left it). The calibration across hosts predicts with all three
+(``--topology ...,nic=shared,links=fair,burst=B,calls=back-to-back``).
 
 CLI: ``python -m collectives.simulate -a ring,tree -p 1024 -b 8 -e 1G [--topology
 nodes=128x8,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared]] [--plot F.png] [--timeline F.png]``,

@@ -30,7 +30,7 @@ def _parse(argv):
     p.add_argument("--beta", type=float, default=BETA)
     p.add_argument("--gamma", type=float, default=GAMMA)
     p.add_argument("--topology", default=None,
-                   help="nodes=COUNTxK,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared[,links=fair,burst=BYTES]]")
+                   help="nodes=COUNTxK,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared[,links=fair,burst=BYTES[,calls=back-to-back]]]")
     p.add_argument("--no-verify", action="store_true")
     p.add_argument("--plot")
     p.add_argument("--timeline", help="draw the schedule of the first algorithm at the smallest size")
