@@ -171,12 +171,20 @@ def row_label(name, ours, nbytes, dtype):
     """The row's name with what ran: auto's choice, and the transport where the library chose it."""
     from collectives.select import choose_pair, transport_choice
 
+    from collectives.autotune import agreed
+
     base, _, transport = name.partition("@")
     if base not in ("auto",) + tuple(collectives.algorithms()):
         return name
-    algorithm, preferred = choose_pair(ours, nbytes, dtype, transport or "auto") if base == "auto" else (base, None)
-    transport = transport_choice(ours, algorithm, nbytes, transport or "auto", preferred)[0]
-    return f"auto({algorithm}@{transport})" if base == "auto" else f"{algorithm}@{transport}"
+    ran = []
+    for in_place in (False, True):  # auto calibrated on first use may pick apart in place and out of place
+        picked = agreed(ours, dtype, nbytes, in_place) if base == "auto" and not transport else None
+        algorithm, preferred = picked[:2] if picked else \
+            choose_pair(ours, nbytes, dtype, transport or "auto") if base == "auto" else (base, None)
+        pair = f"{algorithm}@{transport_choice(ours, algorithm, nbytes, transport or 'auto', preferred)[0]}"
+        if pair not in ran:
+            ran.append(pair)
+    return f"auto({'/'.join(ran)})" if base == "auto" else ran[0]
 
 
 def _count(wrong):

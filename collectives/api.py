@@ -173,20 +173,11 @@ def _select(name, comm, nbytes, dtype):  # (point-to-point paths: compression, i
     return _select_pair(name, comm, nbytes, dtype)[0]
 
 
-def _select_pair(name, comm, nbytes, dtype, transport=None):
-    """(the algorithm to run, the transport the tuning table paired with auto's pick or None).
-    ``transport``: the call's request (None: a path of point-to-point messages only)."""
-    from .select import choose_pair, log_choice
+def _select_pair(name, comm, nbytes, dtype, transport=None, calibrate=None):
+    """(the algorithm to run, the transport auto's pick was measured over, or None)."""
+    from .select import pair_for
 
-    forced = config.forced_algorithm()
-    if forced is not None:
-        _algorithms.get(forced)
-        log_choice(comm, nbytes, dtype, forced, "forced by COLLECTIVES_ALGO")
-        return forced, None
-    if name == "auto":
-        return choose_pair(comm, nbytes, dtype, transport)
-    log_choice(comm, nbytes, dtype, name, "named by the caller")
-    return name, None
+    return pair_for(name, comm, nbytes, dtype, transport, calibrate)
 
 
 _no_overrides = config.no_overrides
@@ -239,7 +230,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
     # the short path: a call shape seen before, contiguous NumPy buffers
     if shape is not None and comm is _recent[0] and type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous \
             and _no_overrides():
-        hit = _recent[2].get((algorithm, op, sendbuf.dtype, sendbuf.size, shape))
+        hit = _recent[2].get((algorithm, op, sendbuf.dtype, sendbuf.size, shape, recvbuf is sendbuf))
         if hit is not None:
             ours = _recent[1]
             plan, reduce_fn, final_fn, what, shm, program, sig = hit
@@ -302,7 +293,14 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options, shape=None):
         if backend_for(recvbuf) is not backend:
             raise ValueError("sendbuf and recvbuf must both be host (NumPy) or both device (CuPy) arrays")
     comm = _usable(comm)
-    name, preferred = _select_pair(algorithm, comm, sendbuf.nbytes, dtype, transport)
+    calibrate = None
+    if algorithm == "auto" and backend is NUMPY:  # first-use calibration, where select allows it
+        def calibrate():
+            from . import autotune
+            from .comm import shm as _shm
+
+            return autotune.pick(comm, sendbuf, in_place, _shm.available(comm), allreduce, barrier)
+    name, preferred = _select_pair(algorithm, comm, sendbuf.nbytes, dtype, transport, calibrate)
     module = _algorithms.get(name)
     if name != algorithm and options:  # forced or chosen: keep only the options it takes
         options = {k: v for k, v in options.items() if k in module.OPTIONS}
@@ -326,7 +324,7 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options, shape=None):
         shapes = comm.session.shapes
         if len(shapes) > 1024:
             shapes.clear()
-        shapes[(algorithm, op, dtype, count, shape)] = (plan, reduce_fn, final_fn, what, shm, program, sig)
+        shapes[(algorithm, op, dtype, count, shape, in_place)] = (plan, reduce_fn, final_fn, what, shm, program, sig)
         _recent[:] = [user_comm, comm, shapes]
     if program is not None:
         source = sendbuf if backend.is_contiguous(sendbuf) else backend.flat_contiguous(sendbuf)

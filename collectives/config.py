@@ -86,6 +86,16 @@ def forced_algorithm():
     return os.environ.get("COLLECTIVES_ALGO") or None
 
 
+def autotune():
+    """COLLECTIVES_AUTOTUNE (default 1): an ``auto`` call of ranks on one node that no tuning table
+    covers runs the pair measured the first time its size met this machine
+    (collectives/autotune.py); ``0``: the cost model decides."""
+    raw = os.environ.get("COLLECTIVES_AUTOTUNE", "1").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"COLLECTIVES_AUTOTUNE must be 0 or 1, got {raw!r}")
+    return raw != "0"
+
+
 def debug_level():
     return os.environ.get("COLLECTIVES_DEBUG", "").upper()
 

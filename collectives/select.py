@@ -116,6 +116,42 @@ def choose_pair(comm, nbytes, dtype, transport="auto"):
     return name, transport
 
 
+def pair_for(name, comm, nbytes, dtype, transport=None, calibrate=None):
+    """(the algorithm to run, the transport auto's pick was measured over, or None) for a call
+    naming ``name``: COLLECTIVES_ALGO over the caller's name; for ``auto``, the tuning table,
+    else (``calibrate``: the API's first-use calibration, where ``calibrates`` allows it) the
+    pair measured on this machine, else the cost model. ``transport``: the call's request
+    (None: a path of point-to-point messages only)."""
+    forced = config.forced_algorithm()
+    if forced is not None:
+        _algorithms.get(forced)
+        log_choice(comm, nbytes, dtype, forced, "forced by COLLECTIVES_ALGO")
+        return forced, None
+    if name != "auto":
+        log_choice(comm, nbytes, dtype, name, "named by the caller")
+        return name, None
+    if calibrate is not None and calibrates(comm, transport):
+        hosts = (tuple(range(comm.size)),)
+        if not _decide(comm.size, nbytes, dtype, True, hosts, _shm_expected(nbytes, transport))[1] \
+                .startswith("tuning table"):
+            name, measured, why = calibrate()
+            log_choice(comm, nbytes, dtype, name, why)
+            return name, measured
+    return choose_pair(comm, nbytes, dtype, transport)
+
+
+def calibrates(comm, requested):
+    """Whether an ``auto`` call on ``comm`` asking for transport ``requested`` may be decided by
+    first-use calibration (collectives/autotune.py): MPI ranks all on one node, the transport
+    and the algorithm left to the library, COLLECTIVES_AUTOTUNE not 0."""
+    if getattr(comm, "mpi_comm", None) is None or comm.size == 1 or requested != "auto":
+        return False
+    if not config.autotune() or config.transport() != "auto":
+        return False
+    colors = comm.node_colors()
+    return colors.count(colors[0]) == comm.size  # several hosts: the two-level model decides
+
+
 def choose_for(size, nbytes, dtype, hosts=None):
     """The algorithm ``auto`` picks for ``size`` ranks (on one host unless ``hosts``, the ranks
     of each host, says otherwise) outside MPI: no communicator needed (the TF bridge's plans)."""
@@ -218,8 +254,8 @@ def transport_choice(comm, algorithm, nbytes, requested="auto", preferred=None):
         return "mpi", "no peer on this rank's node"
     if requested == "shm":
         return "shm", asked
-    if preferred is not None:  # auto's pair from the tuning table: the transport it was measured over
-        return preferred, "tuning table"
+    if preferred is not None:  # auto's pair from the tuning table or calibration: as it was measured
+        return preferred, "the pair auto measured (tuning table or first-use calibration)"
     module = _algorithms.get(algorithm) if isinstance(algorithm, str) else algorithm
     wanted = getattr(module, "TRANSPORT", None)
     if wanted is not None:

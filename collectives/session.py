@@ -22,13 +22,14 @@ _plans_lock = threading.Lock()  # threaded worlds and progress threads share the
 
 
 class Session:
-    __slots__ = ("programs", "shapes", "scratch", "windows", "__weakref__")
+    __slots__ = ("programs", "shapes", "scratch", "windows", "picks", "__weakref__")
 
     def __init__(self):
         self.programs = OrderedDict()  # (algorithm, op, dtype, count, params) -> Program
-        self.shapes = {}  # (algorithm, op, dtype, count) -> what a repeated allreduce call needs
+        self.shapes = {}  # (algorithm, op, dtype, count, options, in place) -> what a repeated allreduce call needs
         self.scratch = {}  # (backend name, dtype) -> buffer
         self.windows = {}  # name -> a shared window object with free() and nbytes
+        self.picks = {}  # autotune key -> (algorithm, transport, why) the ranks agreed on for auto
         _sessions.add(self)
 
     @staticmethod
@@ -75,6 +76,7 @@ class Session:
         """Drop cached programs and call shapes (scratch and windows stay)."""
         self.programs.clear()
         self.shapes.clear()
+        self.picks.clear()
 
     def close(self):
         """Free the windows (collective, like freeing the communicator) and drop everything."""

@@ -18,6 +18,9 @@ import pytest
 from tests.helpers import under_mpiexec
 
 os.environ.setdefault("COLLECTIVES_TIMEOUT", "60")
+# auto's first-use calibration off: tests pick by the cost model (as they assert) and store nothing
+# in the home directory; tests/mpi/test_mpi_autotune.py turns it on with files of its own
+os.environ.setdefault("COLLECTIVES_AUTOTUNE", "0")
 HERE = os.path.dirname(os.path.abspath(__file__))
 MULTI_PROCESS = {os.path.join(HERE, "mpi"), os.path.join(HERE, "tf_mpi")}
 NOT_UNDER_MPIEXEC = ("multi-process test, collected outside mpiexec: run it as mpiexec -n 2 python -m mpi4py "

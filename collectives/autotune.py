@@ -1,0 +1,242 @@
+"""auto's first-use calibration: where no tuning table covers an ``auto`` call of ranks on one
+node, the library measures the likeliest (algorithm, transport) pairs the first time it meets
+the call's size on this machine, runs the fastest, and stores it for later runs.
+
+Why: which pair is fastest within a node depends on the machine more than any fixed cost model
+can say. On this project's 2-core VM the same sizes flip between MPI point-to-point and shared
+memory from one hour to the next (benchmarks/RESULTS.md, "auto out of the box").
+
+How:
+- A call's *bucket* is (machine, MPI library, world size, dtype, in place or not, the power of two
+  at or below its byte count).
+- On a communicator's first ``auto`` call of a bucket its ranks agree on rank 0's stored pick
+  (one tiny all-reduce; stores on different ranks may differ). Where rank 0 has none, every rank
+  measures the same candidates: the cost model's best four algorithms over MPI and best three
+  over shared memory. They run in three rotated rounds of back-to-back calls on a copy of the
+  caller's data (about 3 ms a batch, the slowest rank's time counting). The median round
+  decides, the same on every rank.
+- Rank 0 stores the winner with its figures in ``~/.cache/collectives/autotune.json``
+  (``XDG_CACHE_HOME`` respected; ``COLLECTIVES_AUTOTUNE_FILE`` names another file), written
+  atomically. Every later call of the bucket, in this run or the next, runs it with no measuring.
+- ``COLLECTIVES_AUTOTUNE=0`` turns this off: the cost model decides, as it does for calls a
+  tuning table (``python -m collectives.tune``, which wins wherever it covers a call), several
+  hosts, the threaded world or a named transport leave to it.
+
+Cost: the first call of a bucket takes about 7 x 4 batches: 0.1-0.2 s for small messages, about
+1 s at 128 MiB on 2 ranks; it holds a copy of the call's buffer meanwhile.
+"""
+import importlib
+import json
+import os
+import platform
+import threading
+import time
+import warnings
+
+import numpy as np
+
+_algorithms = importlib.import_module("collectives.algorithms")  # (the package's name is a function too)
+from .model import ALPHA_NODE_STEP
+
+FORMAT = "collectives-autotune-1"
+MPI_CANDIDATES = 4
+SHM_CANDIDATES = 3
+ROUNDS = 3
+BATCH_SECONDS = 3e-3  # a timed batch lasts about this long
+MAX_BATCH = 300  # calls in one timed batch at most
+
+_stores = {}  # path -> {key: entry}
+_lock = threading.Lock()
+
+
+def path():
+    explicit = os.environ.get("COLLECTIVES_AUTOTUNE_FILE")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "collectives", "autotune.json")
+
+
+def bucket(nbytes):
+    """The power of two at or below ``nbytes`` (0 for 0): calls in one bucket share a pick."""
+    return 1 << (nbytes.bit_length() - 1) if nbytes else 0
+
+
+def key(library, size, dtype, nbytes, in_place):
+    return "|".join((platform.node(), library, str(size), np.dtype(dtype).name, str(bucket(nbytes)),
+                     "in_place" if in_place else "out_of_place"))
+
+
+def candidates(size, nbytes, itemsize, shm):
+    """[(algorithm, transport)]: the cost model's best MPI_CANDIDATES algorithms over MPI, then its
+    best SHM_CANDIDATES over shared memory where ``shm`` (the same list on every rank)."""
+    from .select import cost_choice, shm_cost_choice
+
+    names = _algorithms.names()
+    over_mpi = cost_choice(size, nbytes, alpha=ALPHA_NODE_STEP,
+                           candidates=[n for n in names if n not in ("shm", "two_level")])[1]
+    found = [(n, "mpi") for n in sorted(over_mpi, key=over_mpi.get)[:MPI_CANDIDATES]]
+    if shm:
+        over_shm = shm_cost_choice(size, nbytes, itemsize, candidates=[n for n in names if n != "two_level"])[1]
+        found += [(n, "shm") for n in sorted(over_shm, key=over_shm.get)[:SHM_CANDIDATES]]
+    return found
+
+
+def _code(pair):
+    """A pair as a number every rank reads alike (0: none): 1 + 2 x registry index + shm."""
+    if pair is None or pair[0] not in _algorithms.names():
+        return 0
+    return 1 + 2 * _algorithms.names().index(pair[0]) + (pair[1] == "shm")
+
+
+def _pair(code):
+    return None if code <= 0 else (_algorithms.names()[(code - 1) // 2], "shm" if (code - 1) % 2 else "mpi")
+
+
+def stored(where=None):
+    """{key: entry} of the calibration file (read once per path; a corrupt or foreign file gives
+    one warning and counts as empty: it is rewritten at the next calibration)."""
+    where = where or path()
+    with _lock:
+        found = _stores.get(where)
+        if found is None:
+            found = _stores[where] = _read(where)
+        return found
+
+
+def _read(where, quiet=False):
+    if not os.path.exists(where):
+        return {}
+    try:
+        with open(where) as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+            raise ValueError(f"not a collectives calibration file (no \"format\": \"{FORMAT}\")")
+        entries = {}
+        for name, entry in data["entries"].items():
+            if not isinstance(entry, dict) or entry.get("transport") not in ("mpi", "shm") \
+                    or not isinstance(entry.get("algorithm"), str):
+                raise ValueError(f"entry {name!r} is malformed")
+            entries[name] = entry
+        return entries
+    except Exception as exc:  # noqa: BLE001 - any bad file counts as empty
+        if quiet:
+            return {}
+        warnings.warn(f"collectives: ignoring calibration file {where}: {exc}; auto measures again",
+                      RuntimeWarning, stacklevel=5)
+        return {}
+
+
+def _store(where, name, entry):
+    """Add ``entry`` under ``name`` to the file (merged with what another run wrote meanwhile;
+    atomic: a temporary file, then a rename). A file that cannot be written gives one warning."""
+    with _lock:
+        entries = _stores.setdefault(where, {})
+        entries[name] = entry
+        try:
+            on_disk = _read(where, quiet=True)
+            on_disk.update(entries)
+            os.makedirs(os.path.dirname(os.path.abspath(where)), exist_ok=True)
+            tmp = f"{where}.tmp.{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump({"format": FORMAT, "entries": on_disk}, f, indent=1, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, where)
+        except OSError as exc:
+            if ("unwritable", where) not in _stores:
+                _stores[("unwritable", where)] = True
+                warnings.warn(f"collectives: cannot store the calibration in {where}: {exc}; it lasts this run",
+                              RuntimeWarning, stacklevel=5)
+
+
+def pick(comm, sendbuf, in_place, shm, allreduce, barrier):
+    """(algorithm, transport, why) for an ``auto`` call of ``sendbuf`` on ``comm`` (in place or
+    not; ``shm``: shared memory can carry it): the pick the ranks agreed on for this bucket,
+    else rank 0's stored one, else measured now. ``allreduce`` and ``barrier`` are the public
+    calls (this module sits below the API)."""
+    from .mpilib import describe
+
+    dtype, nbytes = sendbuf.dtype, sendbuf.nbytes
+    name = key(describe(), comm.size, dtype, nbytes, in_place)
+    agreed = comm.session.picks.get(name)
+    if agreed is not None:
+        return agreed
+    where = path()
+    mine = stored(where).get(name)
+    code = np.array([_code((mine["algorithm"], mine["transport"])) if comm.rank == 0 and mine else 0], np.int64)
+    allreduce(code, code, op="max", algorithm="recursive_doubling", comm=comm)  # rank 0's pick, to every rank
+    found = _pair(int(code[0]))
+    if found is not None:
+        why = f"calibrated on first use on this machine (stored in {where})"
+    else:
+        pairs = candidates(comm.size, nbytes, dtype.itemsize, shm)
+        times = measure(comm, sendbuf, in_place, pairs, allreduce, barrier)
+        best = min(times, key=times.get)
+        found = best
+        figures = ", ".join(f"{a}@{t} {s * 1e6:.1f} us" for (a, t), s in times.items())
+        why = f"measured on first use: {figures}"
+        if comm.rank == 0:
+            _store(where, name, {"algorithm": best[0], "transport": best[1], "bytes": nbytes,
+                                 "times_us": {f"{a}@{t}": round(s * 1e6, 2) for (a, t), s in times.items()},
+                                 "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    agreed = comm.session.picks[name] = (found[0], found[1], why)
+    return agreed
+
+
+def agreed(comm, dtype, nbytes, in_place):
+    """The (algorithm, transport, why) ``comm``'s ranks agreed on for such a call, or None (the
+    benchmark's label for its auto row)."""
+    from .mpilib import describe
+
+    return comm.session.picks.get(key(describe(), comm.size, dtype, nbytes, in_place))
+
+
+def measure(comm, sendbuf, in_place, pairs, allreduce, barrier):
+    """{pair: seconds per call}: the median of ROUNDS rotated rounds, each a batch of back-to-back
+    calls timed after a barrier, the slowest rank's time counting (the same figures on every
+    rank). Runs on a copy of the caller's data; a pair refused for this call (ValueError on
+    every rank alike) is left out."""
+    with np.errstate(all="ignore"):  # calls in place on the copy overflow it, harmlessly
+        return _measure(comm, np.ascontiguousarray(sendbuf).reshape(-1), in_place, pairs, allreduce, barrier)
+
+
+def _measure(comm, source, in_place, pairs, allreduce, barrier):
+    work = source.copy()
+
+    def run(pair):
+        if in_place:
+            allreduce(work, work, algorithm=pair[0], comm=comm, transport=pair[1])
+        else:
+            allreduce(source, work, algorithm=pair[0], comm=comm, transport=pair[1])
+
+    first = {}
+    for pair in pairs:  # the first call builds plans, programs and windows, untimed; the second sizes the batches
+        try:
+            run(pair)
+        except ValueError:
+            continue
+        barrier(comm)
+        start = time.perf_counter()
+        run(pair)
+        first[pair] = time.perf_counter() - start
+    pairs = list(first)
+    once = np.array([first[p] for p in pairs])
+    allreduce(once, once, op="max", algorithm="recursive_doubling", comm=comm)
+    calls = [max(1, min(MAX_BATCH, int(BATCH_SECONDS / max(t, 1e-7)))) for t in once]
+    rounds = np.zeros((ROUNDS, len(pairs)))
+    for round_index in range(ROUNDS):
+        shift = round_index * len(pairs) // ROUNDS
+        for index in list(range(shift, len(pairs))) + list(range(shift)):
+            barrier(comm)
+            start = time.perf_counter()
+            for _ in range(calls[index]):
+                run(pairs[index])
+            rounds[round_index, index] = (time.perf_counter() - start) / calls[index]
+    allreduce(rounds, rounds, op="max", algorithm="recursive_doubling", comm=comm)
+    return {pair: float(t) for pair, t in zip(pairs, np.median(rounds, axis=0))}
+
+
+def reset():
+    """Forget the files read (the next call reads them again)."""
+    with _lock:
+        _stores.clear()

@@ -1,0 +1,144 @@
+"""auto's first-use calibration, the parts that need no MPI: buckets and keys, the candidates, the
+file (round trip, merging, a corrupt or unwritable file), and where it applies (never in a
+threaded world, nor with COLLECTIVES_AUTOTUNE=0). The calibration itself runs under mpiexec in
+tests/mpi/test_mpi_autotune.py."""
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import autotune, config, select
+
+
+@pytest.fixture
+def calibration_file(tmp_path, monkeypatch):
+    where = str(tmp_path / "autotune.json")
+    monkeypatch.setenv("COLLECTIVES_AUTOTUNE_FILE", where)
+    monkeypatch.setenv("COLLECTIVES_AUTOTUNE", "1")
+    autotune.reset()
+    yield where
+    autotune.reset()
+
+
+def test_buckets_are_powers_of_two_and_keys_name_everything_that_decides():
+    assert [autotune.bucket(n) for n in (0, 1, 2, 3, 4, 1000, 1024, 1025, 2047)] == [0, 1, 2, 2, 4, 512, 1024, 1024, 1024]
+    a = autotune.key("MPICH 5.0.2", 2, np.float32, 1000, False)
+    assert a == autotune.key("MPICH 5.0.2", 2, np.dtype("float32"), 600, False)  # one bucket
+    others = [autotune.key("Open MPI 5.0.11", 2, np.float32, 1000, False), autotune.key("MPICH 5.0.2", 4, np.float32, 1000, False),
+              autotune.key("MPICH 5.0.2", 2, np.float64, 1000, False), autotune.key("MPICH 5.0.2", 2, np.float32, 1000, True),
+              autotune.key("MPICH 5.0.2", 2, np.float32, 1024, False)]
+    assert len({a, *others}) == 6
+
+
+def test_candidates_are_the_models_best_per_transport_and_the_same_every_time():
+    for size, nbytes in ((2, 8), (2, 1 << 20), (4, 64 << 20)):
+        found = autotune.candidates(size, nbytes, 4, shm=True)
+        assert found == autotune.candidates(size, nbytes, 4, shm=True)
+        over_mpi = [a for a, t in found if t == "mpi"]
+        over_shm = [a for a, t in found if t == "shm"]
+        assert len(over_mpi) == autotune.MPI_CANDIDATES and len(over_shm) == autotune.SHM_CANDIDATES
+        assert "shm" not in over_mpi and "two_level" not in over_mpi + over_shm
+        costs = select.cost_choice(size, nbytes, alpha=select.ALPHA_NODE_STEP,
+                                   candidates=[n for n in collectives.algorithms() if n not in ("shm", "two_level")])[1]
+        assert max(costs[a] for a in over_mpi) <= min(c for a, c in costs.items() if a not in over_mpi)
+    assert all(t == "mpi" for _, t in autotune.candidates(2, 8, 4, shm=False))
+
+
+def test_pairs_travel_as_one_number_every_rank_reads_alike():
+    for name in collectives.algorithms():
+        for transport in ("mpi", "shm"):
+            assert autotune._pair(autotune._code((name, transport))) == (name, transport)
+    assert autotune._code(None) == 0 and autotune._pair(0) is None
+    assert autotune._code(("no-such-algorithm", "mpi")) == 0
+
+
+def test_the_file_round_trips_and_merges_with_what_another_run_wrote(calibration_file):
+    autotune._store(calibration_file, "a", {"algorithm": "ring", "transport": "mpi"})
+    with open(calibration_file) as f:
+        data = json.load(f)
+    data["entries"]["b"] = {"algorithm": "tree", "transport": "shm"}  # another run's entry meanwhile
+    with open(calibration_file, "w") as f:
+        json.dump(data, f)
+    autotune._store(calibration_file, "c", {"algorithm": "shm", "transport": "shm"})
+    autotune.reset()
+    assert {k: (v["algorithm"], v["transport"]) for k, v in autotune.stored().items()} == {
+        "a": ("ring", "mpi"), "b": ("tree", "shm"), "c": ("shm", "shm")}
+    assert not [n for n in os.listdir(os.path.dirname(calibration_file)) if ".tmp." in n]
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "other", "entries": {}}),
+                                     json.dumps({"format": autotune.FORMAT, "entries": {"k": {"algorithm": "ring"}}})])
+def test_a_corrupt_file_warns_once_and_counts_as_empty(calibration_file, content):
+    with open(calibration_file, "w") as f:
+        f.write(content)
+    with pytest.warns(RuntimeWarning, match="ignoring calibration file"):
+        assert autotune.stored() == {}
+    assert autotune.stored() == {}  # read once
+    autotune._store(calibration_file, "k", {"algorithm": "ring", "transport": "mpi"})  # replaced at the next store
+    autotune.reset()
+    assert autotune.stored()["k"]["algorithm"] == "ring"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_an_unwritable_file_warns_once_and_keeps_the_pick_for_the_run(tmp_path, monkeypatch):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    where = str(folder / "autotune.json")
+    monkeypatch.setenv("COLLECTIVES_AUTOTUNE_FILE", where)
+    autotune.reset()
+    try:
+        with pytest.warns(RuntimeWarning, match="cannot store the calibration"):
+            autotune._store(where, "k", {"algorithm": "ring", "transport": "mpi"})
+        autotune._store(where, "j", {"algorithm": "tree", "transport": "mpi"})  # no second warning
+        assert set(autotune.stored()) == {"k", "j"}
+    finally:
+        folder.chmod(stat.S_IRWXU)
+        autotune.reset()
+
+
+def test_an_unwritable_path_warns_once_and_keeps_the_pick_for_the_run(tmp_path, monkeypatch, recwarn):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    where = str(blocker / "autotune.json")  # a folder that is a file: no one can write there
+    monkeypatch.setenv("COLLECTIVES_AUTOTUNE_FILE", where)
+    autotune.reset()
+    try:
+        autotune._store(where, "k", {"algorithm": "ring", "transport": "mpi"})
+        autotune._store(where, "j", {"algorithm": "tree", "transport": "mpi"})
+        assert len([w for w in recwarn if "cannot store the calibration" in str(w.message)]) == 1
+        assert set(autotune.stored()) == {"k", "j"}
+    finally:
+        autotune.reset()
+
+
+def test_the_default_file_lives_in_the_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv("COLLECTIVES_AUTOTUNE_FILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert autotune.path() == os.path.join(str(tmp_path), "collectives", "autotune.json")
+
+
+def test_a_threaded_world_never_calibrates(calibration_file):
+    def never():
+        raise AssertionError("calibrated in a threaded world")
+
+    def body(comm):
+        assert not select.calibrates(comm, "auto")
+        return select.pair_for("auto", comm, 1 << 20, np.dtype(np.float32), "auto", never)
+
+    picks = collectives.run_threaded(2, body)
+    assert picks[0] == picks[1] and picks[0][0] in collectives.algorithms()
+    out = collectives.run_threaded(2, lambda comm: collectives.allreduce(np.ones(300_000, np.float32), comm=comm))
+    assert (out[0] == 2).all() and not os.path.exists(calibration_file)
+
+
+def test_the_switch_takes_0_or_1(monkeypatch):
+    for value, on in (("0", False), ("1", True), ("", True), (" 1 ", True)):
+        monkeypatch.setenv("COLLECTIVES_AUTOTUNE", value)
+        assert config.autotune() is on
+    monkeypatch.setenv("COLLECTIVES_AUTOTUNE", "on")
+    with pytest.raises(ValueError, match="COLLECTIVES_AUTOTUNE must be 0 or 1"):
+        config.autotune()
