@@ -8,22 +8,24 @@ memory from one hour to the next (benchmarks/RESULTS.md, "auto out of the box").
 
 How:
 - A call's *bucket* is (machine, MPI library, world size, dtype, in place or not, the power of two
-  at or below its byte count).
+  at or below its byte count; calls from 32 MiB share one).
 - On a communicator's first ``auto`` call of a bucket its ranks agree on rank 0's stored pick
   (one tiny all-reduce; stores on different ranks may differ). Where rank 0 has none, every rank
-  measures the same candidates: the cost model's best four algorithms over MPI and best three
-  over shared memory. They run in three rotated rounds of back-to-back calls on a copy of the
-  caller's data (about 3 ms a batch, the slowest rank's time counting). The median round
-  decides, the same on every rank.
+  measures the same candidates: every algorithm over MPI (but two_level and reduce_to_one) and
+  the shared-memory cost model's best three over shared memory. They run in five rotated rounds
+  of back-to-back calls on a copy of the caller's data (at most its first 32 MiB; about 5 ms a
+  batch), the slowest rank's time counting; the median round decides, the same on every rank.
 - Rank 0 stores the winner with its figures in ``~/.cache/collectives/autotune.json``
   (``XDG_CACHE_HOME`` respected; ``COLLECTIVES_AUTOTUNE_FILE`` names another file), written
   atomically. Every later call of the bucket, in this run or the next, runs it with no measuring.
 - ``COLLECTIVES_AUTOTUNE=0`` turns this off: the cost model decides, as it does for calls a
   tuning table (``python -m collectives.tune``, which wins wherever it covers a call), several
-  hosts, the threaded world or a named transport leave to it.
+  hosts, the threaded world, a named transport, ``iallreduce`` and compression leave to it.
 
-Cost: the first call of a bucket takes about 7 x 4 batches: 0.1-0.2 s for small messages, about
-1 s at 128 MiB on 2 ranks; it holds a copy of the call's buffer meanwhile.
+Cost: the first call of a bucket runs 10 candidates 7 times each, about 0.3 s for small messages
+at n=2 and at most about 0.5 s (n=2) or 2 s (n=4 on 2 cores) from 32 MiB; it holds a copy of at
+most 32 MiB of the call's buffer meanwhile. Limits: a pick holds for the machine's state when it
+was measured (delete the file, or run ``collectives.tune``, to measure again).
 """
 import importlib
 import json
@@ -39,10 +41,10 @@ _algorithms = importlib.import_module("collectives.algorithms")  # (the package'
 from .model import ALPHA_NODE_STEP
 
 FORMAT = "collectives-autotune-1"
-MPI_CANDIDATES = 4
 SHM_CANDIDATES = 3
-ROUNDS = 3
-BATCH_SECONDS = 3e-3  # a timed batch lasts about this long
+MEASURE_MAX_BYTES = 32 << 20  # larger calls share one bucket, measured on this much of their data
+ROUNDS = 5
+BATCH_SECONDS = 5e-3  # a timed batch lasts about this long
 MAX_BATCH = 300  # calls in one timed batch at most
 
 _stores = {}  # path -> {key: entry}
@@ -58,8 +60,9 @@ def path():
 
 
 def bucket(nbytes):
-    """The power of two at or below ``nbytes`` (0 for 0): calls in one bucket share a pick."""
-    return 1 << (nbytes.bit_length() - 1) if nbytes else 0
+    """The power of two at or below ``nbytes`` (0 for 0), at most MEASURE_MAX_BYTES: calls in
+    one bucket share a pick (past a few MiB the copies' bandwidth decides, whatever the size)."""
+    return min(1 << (nbytes.bit_length() - 1), MEASURE_MAX_BYTES) if nbytes else 0
 
 
 def key(library, size, dtype, nbytes, in_place):
@@ -68,14 +71,17 @@ def key(library, size, dtype, nbytes, in_place):
 
 
 def candidates(size, nbytes, itemsize, shm):
-    """[(algorithm, transport)]: the cost model's best MPI_CANDIDATES algorithms over MPI, then its
-    best SHM_CANDIDATES over shared memory where ``shm`` (the same list on every rank)."""
+    """[(algorithm, transport)]: every algorithm over MPI (but two_level, which on one node is the
+    ring, and reduce_to_one, the reference baseline), in the cost model's order; then its best
+    SHM_CANDIDATES over shared memory where ``shm``. The same list on every rank. Every algorithm
+    over MPI, because the model ranks the trees last at every size while measured they win some
+    (n=4, 32-128 KiB)."""
     from .select import cost_choice, shm_cost_choice
 
     names = _algorithms.names()
     over_mpi = cost_choice(size, nbytes, alpha=ALPHA_NODE_STEP,
-                           candidates=[n for n in names if n not in ("shm", "two_level")])[1]
-    found = [(n, "mpi") for n in sorted(over_mpi, key=over_mpi.get)[:MPI_CANDIDATES]]
+                           candidates=[n for n in names if n not in ("two_level", "reduce_to_one")])[1]
+    found = [(n, "mpi") for n in sorted(over_mpi, key=over_mpi.get)]
     if shm:
         over_shm = shm_cost_choice(size, nbytes, itemsize, candidates=[n for n in names if n != "two_level"])[1]
         found += [(n, "shm") for n in sorted(over_shm, key=over_shm.get)[:SHM_CANDIDATES]]
@@ -196,8 +202,9 @@ def measure(comm, sendbuf, in_place, pairs, allreduce, barrier):
     calls timed after a barrier, the slowest rank's time counting (the same figures on every
     rank). Runs on a copy of the caller's data; a pair refused for this call (ValueError on
     every rank alike) is left out."""
+    source = np.ascontiguousarray(sendbuf).reshape(-1)[:max(1, MEASURE_MAX_BYTES // sendbuf.itemsize)]
     with np.errstate(all="ignore"):  # calls in place on the copy overflow it, harmlessly
-        return _measure(comm, np.ascontiguousarray(sendbuf).reshape(-1), in_place, pairs, allreduce, barrier)
+        return _measure(comm, source, in_place, pairs, allreduce, barrier)
 
 
 def _measure(comm, source, in_place, pairs, allreduce, barrier):

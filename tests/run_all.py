@@ -151,11 +151,11 @@ def other_library_layers(kind, log=print):
 
 
 # Lean layers under the other libraries: the algorithms against native, reliability (timeouts,
-# aborts, mismatches), the tuner, the library facts; the benchmark and plug-in tests are
+# aborts, mismatches), the tuner and auto's calibration, the library facts; the benchmark and plug-in tests are
 # library-agnostic Python and run under MPICH
 OPENMPI_TESTS = ["tests/mpi/test_mpi_allreduce.py", "tests/mpi/test_mpi_reliability.py",
                  "tests/mpi/test_mpi_tune.py", "tests/mpi/test_mpi_library.py", "tests/mpi/test_mpi_transport.py",
-                 "tests/mpi/test_mpi_nonblocking.py"]
+                 "tests/mpi/test_mpi_nonblocking.py", "tests/mpi/test_mpi_autotune.py"]
 IMPI_TESTS = OPENMPI_TESTS
 
 

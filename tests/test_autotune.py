@@ -25,6 +25,8 @@ def calibration_file(tmp_path, monkeypatch):
 
 def test_buckets_are_powers_of_two_and_keys_name_everything_that_decides():
     assert [autotune.bucket(n) for n in (0, 1, 2, 3, 4, 1000, 1024, 1025, 2047)] == [0, 1, 2, 2, 4, 512, 1024, 1024, 1024]
+    big = autotune.MEASURE_MAX_BYTES
+    assert autotune.bucket(big - 1) == big // 2 and autotune.bucket(big) == autotune.bucket(8 * big + 3) == big
     a = autotune.key("MPICH 5.0.2", 2, np.float32, 1000, False)
     assert a == autotune.key("MPICH 5.0.2", 2, np.dtype("float32"), 600, False)  # one bucket
     others = [autotune.key("Open MPI 5.0.11", 2, np.float32, 1000, False), autotune.key("MPICH 5.0.2", 4, np.float32, 1000, False),
@@ -33,17 +35,17 @@ def test_buckets_are_powers_of_two_and_keys_name_everything_that_decides():
     assert len({a, *others}) == 6
 
 
-def test_candidates_are_the_models_best_per_transport_and_the_same_every_time():
+def test_candidates_are_every_algorithm_over_mpi_and_the_models_best_over_shm():
+    names = collectives.algorithms()
     for size, nbytes in ((2, 8), (2, 1 << 20), (4, 64 << 20)):
         found = autotune.candidates(size, nbytes, 4, shm=True)
         assert found == autotune.candidates(size, nbytes, 4, shm=True)
         over_mpi = [a for a, t in found if t == "mpi"]
         over_shm = [a for a, t in found if t == "shm"]
-        assert len(over_mpi) == autotune.MPI_CANDIDATES and len(over_shm) == autotune.SHM_CANDIDATES
-        assert "shm" not in over_mpi and "two_level" not in over_mpi + over_shm
-        costs = select.cost_choice(size, nbytes, alpha=select.ALPHA_NODE_STEP,
-                                   candidates=[n for n in collectives.algorithms() if n not in ("shm", "two_level")])[1]
-        assert max(costs[a] for a in over_mpi) <= min(c for a, c in costs.items() if a not in over_mpi)
+        assert sorted(over_mpi) == sorted(n for n in names if n not in ("two_level", "reduce_to_one"))
+        assert len(over_shm) == autotune.SHM_CANDIDATES and "two_level" not in over_shm
+        costs = select.shm_cost_choice(size, nbytes, 4, candidates=[n for n in names if n != "two_level"])[1]
+        assert max(costs[a] for a in over_shm) <= min(c for a, c in costs.items() if a not in over_shm)
     assert all(t == "mpi" for _, t in autotune.candidates(2, 8, 4, shm=False))
 
 
