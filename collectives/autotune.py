@@ -12,9 +12,11 @@ How:
 - On a communicator's first ``auto`` call of a bucket its ranks agree on rank 0's stored pick
   (one tiny all-reduce; stores on different ranks may differ). Where rank 0 has none, every rank
   measures the same candidates: every algorithm over MPI (but two_level and reduce_to_one) and
-  the shared-memory cost model's best three over shared memory. They run in five rotated rounds
-  of back-to-back calls on a copy of the caller's data (at most its first 32 MiB; about 5 ms a
-  batch), the slowest rank's time counting; the median round decides, the same on every rank.
+  the shared-memory cost model's best three over shared memory. They run on a copy of the caller's
+  data (at most its first 32 MiB) in batches of back-to-back calls (about 5 ms, at least 2 calls),
+  the slowest rank's time counting: three rotated rounds screen every pair, seven more rounds
+  decide between the three fastest. A pair's figure is its median round; the first finalist in
+  candidate order within 3% of the fastest wins. Every rank has the same figures, so the same pick.
 - Rank 0 stores the winner with its figures in ``~/.cache/collectives/autotune.json``
   (``XDG_CACHE_HOME`` respected; ``COLLECTIVES_AUTOTUNE_FILE`` names another file), written
   atomically. Every later call of the bucket, in this run or the next, runs it with no measuring.
@@ -22,8 +24,8 @@ How:
   tuning table (``python -m collectives.tune``, which wins wherever it covers a call), several
   hosts, the threaded world, a named transport, ``iallreduce`` and compression leave to it.
 
-Cost: the first call of a bucket runs 10 candidates 7 times each, about 0.3 s for small messages
-at n=2 and at most about 0.5 s (n=2) or 2 s (n=4 on 2 cores) from 32 MiB; it holds a copy of at
+Cost: the first call of a bucket runs about 10 x 3 + 3 x 7 batches: about 0.3 s for small
+messages and at most about 0.6 s (n=2) or 2.5 s (n=4 on 2 cores) from 32 MiB; it holds a copy of at
 most 32 MiB of the call's buffer meanwhile. Limits: a pick holds for the machine's state when it
 was measured (delete the file, or run ``collectives.tune``, to measure again).
 """
@@ -43,7 +45,9 @@ from .model import ALPHA_NODE_STEP
 FORMAT = "collectives-autotune-1"
 SHM_CANDIDATES = 3
 MEASURE_MAX_BYTES = 32 << 20  # larger calls share one bucket, measured on this much of their data
-ROUNDS = 5
+SCREEN_ROUNDS = 3  # every candidate
+FINALISTS = 3  # the fastest of the screening, measured again
+FINAL_ROUNDS = 7
 BATCH_SECONDS = 5e-3  # a timed batch lasts about this long
 MAX_BATCH = 300  # calls in one timed batch at most
 
@@ -176,17 +180,29 @@ def pick(comm, sendbuf, in_place, shm, allreduce, barrier):
         why = f"calibrated on first use on this machine (stored in {where})"
     else:
         pairs = candidates(comm.size, nbytes, dtype.itemsize, shm)
-        times = measure(comm, sendbuf, in_place, pairs, allreduce, barrier)
-        best = min(times, key=times.get)
-        found = best
+        times, screened = measure(comm, sendbuf, in_place, pairs, allreduce, barrier)
+        found = fastest(times)
         figures = ", ".join(f"{a}@{t} {s * 1e6:.1f} us" for (a, t), s in times.items())
-        why = f"measured on first use: {figures}"
+        why = f"measured on first use: {figures} (of {len(screened)} pairs screened)"
         if comm.rank == 0:
-            _store(where, name, {"algorithm": best[0], "transport": best[1], "bytes": nbytes,
+            _store(where, name, {"algorithm": found[0], "transport": found[1], "bytes": nbytes,
                                  "times_us": {f"{a}@{t}": round(s * 1e6, 2) for (a, t), s in times.items()},
+                                 "screened_us": {f"{a}@{t}": round(s * 1e6, 2) for (a, t), s in screened.items()},
                                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
     agreed = comm.session.picks[name] = (found[0], found[1], why)
     return agreed
+
+
+TIE = 0.03  # pairs within 3% of the fastest count as tied: the first in candidate order wins
+
+
+def fastest(times):
+    """The first pair (in candidate order: over MPI in the cost model's order, then shared
+    memory) within TIE of the fastest time. Small messages differ by fractions of a microsecond
+    between pairs, and a batch's noise would otherwise pick among them by chance (n=2, 128 B:
+    tree@mpi picked at 4.5 us against recursive doubling's 3.9)."""
+    least = min(times.values())
+    return next(pair for pair, seconds in times.items() if seconds <= least * (1 + TIE))
 
 
 def agreed(comm, dtype, nbytes, in_place):
@@ -198,16 +214,13 @@ def agreed(comm, dtype, nbytes, in_place):
 
 
 def measure(comm, sendbuf, in_place, pairs, allreduce, barrier):
-    """{pair: seconds per call}: the median of ROUNDS rotated rounds, each a batch of back-to-back
-    calls timed after a barrier, the slowest rank's time counting (the same figures on every
-    rank). Runs on a copy of the caller's data; a pair refused for this call (ValueError on
-    every rank alike) is left out."""
+    """({finalist: seconds per call}, {pair: seconds per call, screening}), the same figures on
+    every rank. Screening: every pair in SCREEN_ROUNDS rotated rounds; final: the FINALISTS
+    fastest of them in FINAL_ROUNDS more. A round is one batch of back-to-back calls per pair,
+    timed after a barrier, the slowest rank's time counting; a pair's figure is its median round.
+    Runs on a copy of the caller's data (at most MEASURE_MAX_BYTES of it); a pair refused for this
+    call (ValueError on every rank alike) is left out."""
     source = np.ascontiguousarray(sendbuf).reshape(-1)[:max(1, MEASURE_MAX_BYTES // sendbuf.itemsize)]
-    with np.errstate(all="ignore"):  # calls in place on the copy overflow it, harmlessly
-        return _measure(comm, source, in_place, pairs, allreduce, barrier)
-
-
-def _measure(comm, source, in_place, pairs, allreduce, barrier):
     work = source.copy()
 
     def run(pair):
@@ -216,31 +229,40 @@ def _measure(comm, source, in_place, pairs, allreduce, barrier):
         else:
             allreduce(source, work, algorithm=pair[0], comm=comm, transport=pair[1])
 
-    first = {}
-    for pair in pairs:  # the first call builds plans, programs and windows, untimed; the second sizes the batches
-        try:
+    with np.errstate(all="ignore"):  # calls in place on the copy overflow it, harmlessly
+        first = {}
+        for pair in pairs:  # the first call builds plans, programs and windows, untimed; the second sizes batches
+            try:
+                run(pair)
+            except ValueError:
+                continue
+            barrier(comm)
+            start = time.perf_counter()
             run(pair)
-        except ValueError:
-            continue
-        barrier(comm)
-        start = time.perf_counter()
-        run(pair)
-        first[pair] = time.perf_counter() - start
-    pairs = list(first)
-    once = np.array([first[p] for p in pairs])
-    allreduce(once, once, op="max", algorithm="recursive_doubling", comm=comm)
-    calls = [max(1, min(MAX_BATCH, int(BATCH_SECONDS / max(t, 1e-7)))) for t in once]
-    rounds = np.zeros((ROUNDS, len(pairs)))
-    for round_index in range(ROUNDS):
-        shift = round_index * len(pairs) // ROUNDS
+            first[pair] = time.perf_counter() - start
+        pairs = list(first)
+        once = np.array([first[p] for p in pairs])
+        allreduce(once, once, op="max", algorithm="recursive_doubling", comm=comm)
+        calls = dict(zip(pairs, (max(2, min(MAX_BATCH, int(BATCH_SECONDS / max(t, 1e-7)))) for t in once)))
+        screened = _rounds(comm, pairs, calls, SCREEN_ROUNDS, run, allreduce, barrier)
+        finalists = [p for p in pairs if p in sorted(pairs, key=screened.get)[:FINALISTS]]  # in candidate order
+        final = _rounds(comm, finalists, calls, FINAL_ROUNDS, run, allreduce, barrier)
+    return final, screened
+
+
+def _rounds(comm, pairs, calls, rounds, run, allreduce, barrier):
+    """{pair: median over ``rounds`` rotated rounds of the slowest rank's seconds per call}."""
+    times = np.zeros((rounds, len(pairs)))
+    for round_index in range(rounds):
+        shift = round_index * len(pairs) // rounds
         for index in list(range(shift, len(pairs))) + list(range(shift)):
             barrier(comm)
             start = time.perf_counter()
-            for _ in range(calls[index]):
+            for _ in range(calls[pairs[index]]):
                 run(pairs[index])
-            rounds[round_index, index] = (time.perf_counter() - start) / calls[index]
-    allreduce(rounds, rounds, op="max", algorithm="recursive_doubling", comm=comm)
-    return {pair: float(t) for pair, t in zip(pairs, np.median(rounds, axis=0))}
+            times[round_index, index] = (time.perf_counter() - start) / calls[pairs[index]]
+    allreduce(times, times, op="max", algorithm="recursive_doubling", comm=comm)
+    return {pair: float(t) for pair, t in zip(pairs, np.median(times, axis=0))}
 
 
 def reset():

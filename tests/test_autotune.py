@@ -49,6 +49,12 @@ def test_candidates_are_every_algorithm_over_mpi_and_the_models_best_over_shm():
     assert all(t == "mpi" for _, t in autotune.candidates(2, 8, 4, shm=False))
 
 
+def test_the_fastest_pair_wins_and_near_ties_go_to_the_first_in_candidate_order():
+    assert autotune.fastest({("a", "mpi"): 2.0, ("b", "mpi"): 1.0, ("c", "shm"): 1.5}) == ("b", "mpi")
+    assert autotune.fastest({("a", "mpi"): 1.02, ("b", "mpi"): 1.0}) == ("a", "mpi")
+    assert autotune.fastest({("a", "mpi"): 1.04, ("b", "mpi"): 1.0}) == ("b", "mpi")
+
+
 def test_pairs_travel_as_one_number_every_rank_reads_alike():
     for name in collectives.algorithms():
         for transport in ("mpi", "shm"):

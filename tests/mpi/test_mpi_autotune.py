@@ -74,18 +74,20 @@ def test_first_use_measures_once_every_rank_runs_the_pick_and_rank0_stores_it(ca
         return
     pair = picked(WORLD, x)
     agree(pair is not None and len(set(WORLD.allgather(pair))) == 1, f"ranks picked {WORLD.allgather(pair)}")
-    times = measured[0]
-    # the pick is the fastest pair measured, the figures the same on every rank
-    agree(pair == min(times, key=times.get) and len({str(t) for t in WORLD.allgather(times)}) == 1,
+    times, screened = measured[0]
+    agree(set(times) <= set(screened) and len(times) == min(autotune.FINALISTS, len(screened))
+          and sorted(screened, key=screened.get)[0] in times, f"finalists {times} of {screened}")
+    # the pick is the fastest pair measured (ties: the first), the figures the same on every rank
+    agree(pair == autotune.fastest(times) and len({str(t) for t in WORLD.allgather(times)}) == 1,
           f"pick {pair} against {times}")
-    agree({t for _, t in times} == {"mpi", "shm"}, f"candidates {list(times)}")
+    agree({t for _, t in screened} == {"mpi", "shm"}, f"candidates {list(screened)}")
     WORLD.Barrier()
     if WORLD.rank == 0:
         with open(where) as f:
             stored = json.load(f)
         entry = stored["entries"][autotune.key(describe(), WORLD.size, x.dtype, x.nbytes, False)]
         ok = stored["format"] == autotune.FORMAT and (entry["algorithm"], entry["transport"]) == pair \
-            and len(entry["times_us"]) == len(times)
+            and len(entry["times_us"]) == len(times) and len(entry["screened_us"]) == len(screened)
     else:
         ok = not os.path.exists(where + f".tmp.{os.getpid()}")  # only rank 0 writes
     agree(ok, "the stored entry")
