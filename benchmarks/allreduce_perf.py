@@ -167,7 +167,7 @@ def make_runner(name, comm, op, backend_arrays):
     return oop, ip
 
 
-def row_label(name, ours, nbytes, dtype):
+def row_label(name, ours, nbytes, dtype, shared=False):
     """The row's name with what ran: auto's choice, and the transport where the library chose it."""
     from collectives.select import choose_pair, transport_choice
 
@@ -178,7 +178,7 @@ def row_label(name, ours, nbytes, dtype):
         return name
     ran = []
     for in_place in (False, True):  # auto calibrated on first use may pick apart in place and out of place
-        picked = agreed(ours, dtype, nbytes, in_place) if base == "auto" and not transport else None
+        picked = agreed(ours, dtype, nbytes, in_place, shared) if base == "auto" and not transport else None
         algorithm, preferred = picked[:2] if picked else \
             choose_pair(ours, nbytes, dtype, transport or "auto") if base == "auto" else (base, None)
         pair = f"{algorithm}@{transport_choice(ours, algorithm, nbytes, transport or 'auto', preferred)[0]}"
@@ -347,7 +347,7 @@ def main(argv=None):
             algbw = [nbytes / x / 1e9 if x > 0 else 0.0 for x in t]
             busbw = [a * factor for a in algbw]
             ratio = [native_t[k] / t[k] if t[k] > 0 else 0.0 for k in (0, 1)]
-            label = row_label(name, ours, nbytes, dtype)
+            label = row_label(name, ours, nbytes, dtype, args.shared)
             records.append({"size": nbytes, "count": count, "type": str(dtype), "redop": args.op, "algorithm": name,
                             "label": label, "ranks": n, "calls_per_batch": per_round,
                             "oop": {"time_us": t[0] * 1e6, "algbw": algbw[0], "busbw": busbw[0],

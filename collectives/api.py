@@ -299,7 +299,8 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options, shape=None):
             from . import autotune
             from .comm import shm as _shm
 
-            return autotune.pick(comm, sendbuf, in_place, _shm.available(comm), allreduce, barrier)
+            shared = backend.is_contiguous(sendbuf) and _shm.is_shared(comm, sendbuf)
+            return autotune.pick(comm, sendbuf, recvbuf, _shm.available(comm), shared, allreduce, barrier)
     name, preferred = _select_pair(algorithm, comm, sendbuf.nbytes, dtype, transport, calibrate)
     module = _algorithms.get(name)
     if name != algorithm and options:  # forced or chosen: keep only the options it takes

@@ -7,13 +7,13 @@ can say. On this project's 2-core VM the same sizes flip between MPI point-to-po
 memory from one hour to the next (benchmarks/RESULTS.md, "auto out of the box").
 
 How:
-- A call's *bucket* is (machine, MPI library, world size, dtype, in place or not, the power of two
-  at or below its byte count; calls from 32 MiB share one).
+- A call's *bucket* is (machine, MPI library, world size, dtype, in place or not, shared array
+  or not, the power of two at or below its byte count; calls from 32 MiB share one).
 - On a communicator's first ``auto`` call of a bucket its ranks agree on rank 0's stored pick
   (one tiny all-reduce; stores on different ranks may differ). Where rank 0 has none, every rank
   measures the same candidates: every algorithm over MPI (but two_level and reduce_to_one) and
-  the shared-memory cost model's best three over shared memory. They run on a copy of the caller's
-  data (at most its first 32 MiB) in batches of back-to-back calls (about 5 ms, at least 2 calls),
+  the shared-memory cost model's best three over shared memory. They run on the caller's own
+  buffers (at most their first 32 MiB; in place, the data is restored afterwards) in batches of back-to-back calls (about 5 ms, at least 2 calls),
   the slowest rank's time counting: three rotated rounds screen every pair, seven more rounds
   decide between the three fastest. A pair's figure is its median round; the first finalist in
   candidate order within 3% of the fastest wins. Every rank has the same figures, so the same pick.
@@ -25,9 +25,11 @@ How:
   hosts, the threaded world, a named transport, ``iallreduce`` and compression leave to it.
 
 Cost: the first call of a bucket runs about 10 x 3 + 3 x 7 batches: about 0.3 s for small
-messages and at most about 0.6 s (n=2) or 2.5 s (n=4 on 2 cores) from 32 MiB; it holds a copy of at
-most 32 MiB of the call's buffer meanwhile. Limits: a pick holds for the machine's state when it
-was measured (delete the file, or run ``collectives.tune``, to measure again).
+messages and at most about 0.6 s (n=2) or 2.5 s (n=4 on 2 cores) from 32 MiB; in place it holds a
+copy of at most 32 MiB of the call's data meanwhile. Limits: a pick holds for the machine's state
+when it was measured (delete the file, or run ``collectives.tune``, to measure again). A call
+that repeats an earlier call's shape (size, dtype, op, in place or not) on a communicator takes
+the short path and runs that call's pick, whether its buffers are shared arrays or not.
 """
 import importlib
 import json
@@ -69,9 +71,9 @@ def bucket(nbytes):
     return min(1 << (nbytes.bit_length() - 1), MEASURE_MAX_BYTES) if nbytes else 0
 
 
-def key(library, size, dtype, nbytes, in_place):
+def key(library, size, dtype, nbytes, in_place, shared=False):
     return "|".join((platform.node(), library, str(size), np.dtype(dtype).name, str(bucket(nbytes)),
-                     "in_place" if in_place else "out_of_place"))
+                     "in_place" if in_place else "out_of_place") + (("shared",) if shared else ()))
 
 
 def candidates(size, nbytes, itemsize, shm):
@@ -159,15 +161,17 @@ def _store(where, name, entry):
                               RuntimeWarning, stacklevel=5)
 
 
-def pick(comm, sendbuf, in_place, shm, allreduce, barrier):
-    """(algorithm, transport, why) for an ``auto`` call of ``sendbuf`` on ``comm`` (in place or
-    not; ``shm``: shared memory can carry it): the pick the ranks agreed on for this bucket,
-    else rank 0's stored one, else measured now. ``allreduce`` and ``barrier`` are the public
-    calls (this module sits below the API)."""
+def pick(comm, sendbuf, recvbuf, shm, shared, allreduce, barrier):
+    """(algorithm, transport, why) for an ``auto`` call of ``sendbuf`` into ``recvbuf`` (None: a
+    new array; ``sendbuf``: in place) on ``comm`` (``shm``: shared memory can carry it;
+    ``shared``: ``sendbuf`` is a shared array, which the shared-memory transport reads where it
+    lies, so it is keyed apart): the pick the ranks agreed on for this bucket, else rank 0's
+    stored one, else measured now. ``allreduce`` and ``barrier`` are the public calls (this
+    module sits below the API)."""
     from .mpilib import describe
 
-    dtype, nbytes = sendbuf.dtype, sendbuf.nbytes
-    name = key(describe(), comm.size, dtype, nbytes, in_place)
+    dtype, nbytes, in_place = sendbuf.dtype, sendbuf.nbytes, recvbuf is sendbuf
+    name = key(describe(), comm.size, dtype, nbytes, in_place, shared)
     agreed = comm.session.picks.get(name)
     if agreed is not None:
         return agreed
@@ -180,7 +184,7 @@ def pick(comm, sendbuf, in_place, shm, allreduce, barrier):
         why = f"calibrated on first use on this machine (stored in {where})"
     else:
         pairs = candidates(comm.size, nbytes, dtype.itemsize, shm)
-        times, screened = measure(comm, sendbuf, in_place, pairs, allreduce, barrier)
+        times, screened = measure(comm, sendbuf, recvbuf, pairs, allreduce, barrier)
         found = fastest(times)
         figures = ", ".join(f"{a}@{t} {s * 1e6:.1f} us" for (a, t), s in times.items())
         why = f"measured on first use: {figures} (of {len(screened)} pairs screened)"
@@ -205,23 +209,34 @@ def fastest(times):
     return next(pair for pair, seconds in times.items() if seconds <= least * (1 + TIE))
 
 
-def agreed(comm, dtype, nbytes, in_place):
+def agreed(comm, dtype, nbytes, in_place, shared=False):
     """The (algorithm, transport, why) ``comm``'s ranks agreed on for such a call, or None (the
     benchmark's label for its auto row)."""
     from .mpilib import describe
 
-    return comm.session.picks.get(key(describe(), comm.size, dtype, nbytes, in_place))
+    return comm.session.picks.get(key(describe(), comm.size, dtype, nbytes, in_place, shared))
 
 
-def measure(comm, sendbuf, in_place, pairs, allreduce, barrier):
+def measure(comm, sendbuf, recvbuf, pairs, allreduce, barrier):
     """({finalist: seconds per call}, {pair: seconds per call, screening}), the same figures on
     every rank. Screening: every pair in SCREEN_ROUNDS rotated rounds; final: the FINALISTS
     fastest of them in FINAL_ROUNDS more. A round is one batch of back-to-back calls per pair,
     timed after a barrier, the slowest rank's time counting; a pair's figure is its median round.
-    Runs on a copy of the caller's data (at most MEASURE_MAX_BYTES of it); a pair refused for this
-    call (ValueError on every rank alike) is left out."""
-    source = np.ascontiguousarray(sendbuf).reshape(-1)[:max(1, MEASURE_MAX_BYTES // sendbuf.itemsize)]
-    work = source.copy()
+    Runs on the caller's own buffers where they are contiguous (at most MEASURE_MAX_BYTES of
+    them: where the data lies, a shared array for one, changes what is fastest), into
+    ``recvbuf`` (overwritten by the call anyway) or, in place, on ``sendbuf`` whose data is
+    restored afterwards; else on copies. A pair refused for this call (ValueError on every rank
+    alike) is left out."""
+    limit = max(1, MEASURE_MAX_BYTES // sendbuf.itemsize)
+    contiguous = sendbuf.flags.c_contiguous
+    source = (sendbuf if contiguous else np.ascontiguousarray(sendbuf)).reshape(-1)[:limit]
+    in_place = recvbuf is sendbuf
+    if in_place:
+        work, saved = source, source.copy()
+    elif recvbuf is not None and recvbuf.flags.c_contiguous and not np.may_share_memory(recvbuf, sendbuf):
+        work, saved = recvbuf.reshape(-1)[:limit], None
+    else:
+        work, saved = np.empty_like(source), None
 
     def run(pair):
         if in_place:
@@ -229,7 +244,15 @@ def measure(comm, sendbuf, in_place, pairs, allreduce, barrier):
         else:
             allreduce(source, work, algorithm=pair[0], comm=comm, transport=pair[1])
 
-    with np.errstate(all="ignore"):  # calls in place on the copy overflow it, harmlessly
+    try:
+        return _measure_pairs(comm, pairs, run, allreduce, barrier)
+    finally:
+        if saved is not None:
+            source[...] = saved
+
+
+def _measure_pairs(comm, pairs, run, allreduce, barrier):
+    with np.errstate(all="ignore"):  # calls in place overflow the data (restored afterwards), harmlessly
         first = {}
         for pair in pairs:  # the first call builds plans, programs and windows, untimed; the second sizes batches
             try:
