@@ -11,12 +11,13 @@ How:
   or not, the power of two at or below its byte count; calls from 32 MiB share one).
 - On a communicator's first ``auto`` call of a bucket its ranks agree on rank 0's stored pick
   (one tiny all-reduce; stores on different ranks may differ). Where rank 0 has none, every rank
-  measures the same candidates: every algorithm over MPI (but two_level and reduce_to_one) and
-  the shared-memory cost model's best three over shared memory. They run on the caller's own
-  buffers (at most their first 32 MiB; in place, the data is restored afterwards) in batches of back-to-back calls (about 5 ms, at least 2 calls),
-  the slowest rank's time counting: three rotated rounds screen every pair, seven more rounds
-  decide between the three fastest. A pair's figure is its median round; the first finalist in
-  candidate order within 3% of the fastest wins. Every rank has the same figures, so the same pick.
+  measures the same candidates: every algorithm over MPI (but two_level, the ring on one node)
+  and the shared-memory cost model's best three over shared memory. They run on the caller's own
+  buffers (at most their first 32 MiB; in place, the data is restored afterwards) in batches of
+  back-to-back calls (about 5 ms, at least 2 calls), the slowest rank's time counting: after an
+  untimed round, three rotated rounds screen every pair, and seven more decide between the three
+  fastest. A pair's figure is its median round; the first finalist in candidate order within 3%
+  of the fastest wins. Every rank has the same figures, so the same pick.
 - Rank 0 stores the winner with its figures in ``~/.cache/collectives/autotune.json``
   (``XDG_CACHE_HOME`` respected; ``COLLECTIVES_AUTOTUNE_FILE`` names another file), written
   atomically. Every later call of the bucket, in this run or the next, runs it with no measuring.
@@ -24,7 +25,7 @@ How:
   tuning table (``python -m collectives.tune``, which wins wherever it covers a call), several
   hosts, the threaded world, a named transport, ``iallreduce`` and compression leave to it.
 
-Cost: the first call of a bucket runs about 10 x 3 + 3 x 7 batches: about 0.3 s for small
+Cost: the first call of a bucket runs about 11 x 4 + 3 x 7 batches: about 0.3 s for small
 messages and at most about 0.6 s (n=2) or 2.5 s (n=4 on 2 cores) from 32 MiB; in place it holds a
 copy of at most 32 MiB of the call's data meanwhile. Limits: a pick holds for the machine's state
 when it was measured (delete the file, or run ``collectives.tune``, to measure again). A call
@@ -51,7 +52,7 @@ SCREEN_ROUNDS = 3  # every candidate
 FINALISTS = 3  # the fastest of the screening, measured again
 FINAL_ROUNDS = 7
 BATCH_SECONDS = 5e-3  # a timed batch lasts about this long
-MAX_BATCH = 300  # calls in one timed batch at most
+MAX_BATCH = 2000  # calls in one timed batch at most (a small message's batch still lasts about 5 ms)
 
 _stores = {}  # path -> {key: entry}
 _lock = threading.Lock()
@@ -78,15 +79,14 @@ def key(library, size, dtype, nbytes, in_place, shared=False):
 
 def candidates(size, nbytes, itemsize, shm):
     """[(algorithm, transport)]: every algorithm over MPI (but two_level, which on one node is the
-    ring, and reduce_to_one, the reference baseline), in the cost model's order; then its best
-    SHM_CANDIDATES over shared memory where ``shm``. The same list on every rank. Every algorithm
-    over MPI, because the model ranks the trees last at every size while measured they win some
-    (n=4, 32-128 KiB)."""
+    ring), in the cost model's order; then its best SHM_CANDIDATES over shared memory where
+    ``shm``. The same list on every rank. Every algorithm over MPI, because the model ranks the
+    trees and reduce_to_one last at every size while measured they win some (n=4, 32-128 KiB)."""
     from .select import cost_choice, shm_cost_choice
 
     names = _algorithms.names()
     over_mpi = cost_choice(size, nbytes, alpha=ALPHA_NODE_STEP,
-                           candidates=[n for n in names if n not in ("two_level", "reduce_to_one")])[1]
+                           candidates=[n for n in names if n != "two_level"])[1]
     found = [(n, "mpi") for n in sorted(over_mpi, key=over_mpi.get)]
     if shm:
         over_shm = shm_cost_choice(size, nbytes, itemsize, candidates=[n for n in names if n != "two_level"])[1]
@@ -267,6 +267,9 @@ def _measure_pairs(comm, pairs, run, allreduce, barrier):
         once = np.array([first[p] for p in pairs])
         allreduce(once, once, op="max", algorithm="recursive_doubling", comm=comm)
         calls = dict(zip(pairs, (max(2, min(MAX_BATCH, int(BATCH_SECONDS / max(t, 1e-7)))) for t in once)))
+        # one untimed round first: the first calibration of a job ran while its ranks were still
+        # settling (n=4 on 2 cores, 8 B: tree@mpi picked twice at 1.28x recursive doubling's time)
+        _rounds(comm, pairs, calls, 1, run, allreduce, barrier)
         screened = _rounds(comm, pairs, calls, SCREEN_ROUNDS, run, allreduce, barrier)
         finalists = [p for p in pairs if p in sorted(pairs, key=screened.get)[:FINALISTS]]  # in candidate order
         final = _rounds(comm, finalists, calls, FINAL_ROUNDS, run, allreduce, barrier)

@@ -42,7 +42,7 @@ def test_candidates_are_every_algorithm_over_mpi_and_the_models_best_over_shm():
         assert found == autotune.candidates(size, nbytes, 4, shm=True)
         over_mpi = [a for a, t in found if t == "mpi"]
         over_shm = [a for a, t in found if t == "shm"]
-        assert sorted(over_mpi) == sorted(n for n in names if n not in ("two_level", "reduce_to_one"))
+        assert sorted(over_mpi) == sorted(n for n in names if n != "two_level")
         assert len(over_shm) == autotune.SHM_CANDIDATES and "two_level" not in over_shm
         costs = select.shm_cost_choice(size, nbytes, 4, candidates=[n for n in names if n != "two_level"])[1]
         assert max(costs[a] for a in over_shm) <= min(c for a, c in costs.items() if a not in over_shm)
