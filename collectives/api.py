@@ -298,8 +298,9 @@ def _allreduce(sendbuf, recvbuf, op, algorithm, comm, options, shape=None):
         def calibrate():
             from . import autotune
             from .comm import shm as _shm
+            from .comm.shm_arrays import is_shared
 
-            shared = backend.is_contiguous(sendbuf) and _shm.is_shared(comm, sendbuf)
+            shared = backend.is_contiguous(sendbuf) and is_shared(comm, sendbuf)
             return autotune.pick(comm, sendbuf, recvbuf, _shm.available(comm), shared, allreduce, barrier)
     name, preferred = _select_pair(algorithm, comm, sendbuf.nbytes, dtype, transport, calibrate)
     module = _algorithms.get(name)

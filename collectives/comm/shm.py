@@ -394,9 +394,3 @@ def shared_empty(comm, shape, dtype):
         return np.empty(shape, dtype)
     raw = for_comm(comm).shared.allocate(count * dtype.itemsize)
     return raw.view(dtype).reshape(shape)
-
-
-def is_shared(comm, array):
-    """Whether ``array`` (contiguous) lies in one of ``comm``'s shared arrays (collectives.empty)."""
-    transport = comm.session.windows.get("shm")
-    return transport is not None and transport.shared.locate(array.reshape(-1)) is not None

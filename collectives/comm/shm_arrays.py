@@ -95,3 +95,10 @@ class SharedArrays:
                     and shared.alive():
                 return ident, address - shared.address
         return None
+
+
+def is_shared(comm, array):
+    """Whether ``array`` (contiguous) lies in one of ``comm``'s shared arrays (collectives.empty):
+    none exist before the communicator's shared-memory transport does."""
+    transport = comm.session.windows.get("shm")
+    return transport is not None and transport.shared.locate(array.reshape(-1)) is not None
