@@ -43,6 +43,7 @@ import warnings
 import numpy as np
 
 _algorithms = importlib.import_module("collectives.algorithms")  # (the package's name is a function too)
+from .config import cache_file
 from .model import ALPHA_NODE_STEP
 
 FORMAT = "collectives-autotune-1"
@@ -59,11 +60,7 @@ _lock = threading.Lock()
 
 
 def path():
-    explicit = os.environ.get("COLLECTIVES_AUTOTUNE_FILE")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "collectives", "autotune.json")
+    return cache_file("COLLECTIVES_AUTOTUNE_FILE", "autotune.json")
 
 
 def bucket(nbytes):

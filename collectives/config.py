@@ -86,6 +86,17 @@ def forced_algorithm():
     return os.environ.get("COLLECTIVES_ALGO") or None
 
 
+def cache_file(variable, name):
+    """The path in ``variable`` where set, else ``name`` in the user's cache folder
+    (``$XDG_CACHE_HOME/collectives``, else ``~/.cache/collectives``): the tuning table and the
+    first-use calibration live there."""
+    explicit = os.environ.get(variable)
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "collectives", name)
+
+
 def autotune():
     """COLLECTIVES_AUTOTUNE (default 1): an ``auto`` call of ranks on one node that no tuning table
     covers runs the pair measured the first time its size met this machine

@@ -12,17 +12,15 @@ import os
 import threading
 import warnings
 
+from .config import cache_file
+
 _loaded = {}
 _meta = {}  # path -> {"mpi_library": str or None, "eager_limit": int or None}
 _lock = threading.Lock()  # the ranks of a threaded world read the file at once: one read, one warning
 
 
 def path():
-    explicit = os.environ.get("COLLECTIVES_TUNING")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "collectives", "tuning.json")
+    return cache_file("COLLECTIVES_TUNING", "tuning.json")
 
 
 def _table():

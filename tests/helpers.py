@@ -62,3 +62,18 @@ LAUNCHER_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCA
 def under_mpiexec():
     """Whether this process was started by an MPI launcher (mpiexec, srun)."""
     return any(os.environ.get(name) for name in LAUNCHER_VARIABLES)
+
+
+def agree_all(world, ok, message):
+    """Under MPI: every rank of ``world`` fails together, or none (an assertion on one rank alone
+    would leave the others waiting in the next collective)."""
+    from mpi4py import MPI
+
+    everyone = world.allreduce(bool(ok), op=MPI.LAND)
+    assert everyone, f"rank {world.rank}: {message}" if not ok else "another rank failed"
+
+
+def bitwise_alike(world, y):
+    """Under MPI: whether every rank of ``world`` holds the same bytes in ``y``."""
+    digests = world.allgather(np.ascontiguousarray(y).tobytes())
+    return all(d == digests[0] for d in digests)

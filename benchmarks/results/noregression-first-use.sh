@@ -6,7 +6,7 @@ M=$NEW/.venv/bin/mpiexec; P=$NEW/.venv/bin/python
 N=${N:-2}
 rm -f ${CAL:-$NEW/noregression-cal-n$N.json}
 for round in ${ROUNDS_LIST:-1 2 3}; do
-  for tree in old new newcal; do
+  for tree in ${TREES:-old new newcal}; do
     if [ $tree = old ]; then cd "$OLD"; else cd "$NEW"; fi
     T=$PWD/benchmarks/results/tuning-n$N.json; [ $tree = newcal ] && T=/nonexistent.json
     echo "== $tree n=$N round $round $(date +%T) load$(uptime | sed 's/.*average://')"

@@ -17,6 +17,7 @@ import collectives  # noqa: E402
 from collectives import autotune, select, tuning  # noqa: E402
 from collectives.api import as_comm  # noqa: E402
 from collectives.mpilib import describe  # noqa: E402
+from tests.helpers import agree_all, bitwise_alike  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 WORLD = MPI.COMM_WORLD
@@ -24,13 +25,11 @@ ONE_NODE = len(set(WORLD.allgather(MPI.Get_processor_name()))) == 1
 
 
 def agree(ok, message):
-    everyone = WORLD.allreduce(bool(ok), op=MPI.LAND)
-    assert everyone, f"rank {WORLD.rank}: {message}" if not ok else "another rank failed"
+    agree_all(WORLD, ok, message)
 
 
 def identical_everywhere(y):
-    digests = WORLD.allgather(np.ascontiguousarray(y).tobytes())
-    return all(d == digests[0] for d in digests)
+    return bitwise_alike(WORLD, y)
 
 
 @pytest.fixture
