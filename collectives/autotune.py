@@ -14,9 +14,9 @@ How:
   measures the same candidates: every algorithm over MPI (but two_level, the ring on one node)
   and the shared-memory cost model's best three over shared memory. They run on the caller's own
   buffers (at most their first 32 MiB; in place, the data is restored afterwards) in batches of
-  back-to-back calls (about 5 ms, at least 2 calls), the slowest rank's time counting: after an
-  untimed round, three rotated rounds screen every pair, and seven more decide between the three
-  fastest. A pair's figure is its median round; the first finalist in candidate order within 3%
+  back-to-back calls (about 5 ms; at least 2 calls where a call is shorter), the slowest rank's
+  time counting: after an untimed round (for calls under 5 ms), three rotated rounds screen every
+  pair, and seven more decide between the three fastest. A pair's figure is its median round; the first finalist in candidate order within 3%
   of the fastest wins. Every rank has the same figures, so the same pick.
 - Rank 0 stores the winner with its figures in ``~/.cache/collectives/autotune.json``
   (``XDG_CACHE_HOME`` respected; ``COLLECTIVES_AUTOTUNE_FILE`` names another file), written
@@ -25,10 +25,10 @@ How:
   tuning table (``python -m collectives.tune``, which wins wherever it covers a call), several
   hosts, the threaded world, a named transport, ``iallreduce`` and compression leave to it.
 
-Cost: the first call of a bucket runs about 11 x 4 + 3 x 7 batches: about 0.3 s for small
-messages and at most about 0.6 s (n=2) or 2.5 s (n=4 on 2 cores) from 32 MiB; in place it holds a
-copy of at most 32 MiB of the call's data meanwhile. Limits: a pick holds for the machine's state
-when it was measured (delete the file, or run ``collectives.tune``, to measure again). A call
+Cost: the first call of a bucket (measured here) takes 0.15-0.35 s up to 1 MiB at n=2 and n=4, and
+about 1.2 s (n=2) or 3.7 s (n=4 on 2 cores) from 32 MiB; in place it holds a copy of at most 32 MiB
+of the call's data meanwhile. Limits: a pick holds for the machine's state when it was measured
+(delete the file, or run ``collectives.tune``, to measure again). A call
 that repeats an earlier call's shape (size, dtype, op, in place or not) on a communicator takes
 the short path and runs that call's pick, whether its buffers are shared arrays or not.
 """
@@ -263,10 +263,14 @@ def _measure_pairs(comm, pairs, run, allreduce, barrier):
         pairs = list(first)
         once = np.array([first[p] for p in pairs])
         allreduce(once, once, op="max", algorithm="recursive_doubling", comm=comm)
-        calls = dict(zip(pairs, (max(2, min(MAX_BATCH, int(BATCH_SECONDS / max(t, 1e-7)))) for t in once)))
-        # one untimed round first: the first calibration of a job ran while its ranks were still
-        # settling (n=4 on 2 cores, 8 B: tree@mpi picked twice at 1.28x recursive doubling's time)
-        _rounds(comm, pairs, calls, 1, run, allreduce, barrier)
+        # batches of about BATCH_SECONDS, at least 2 calls where one lasts less (no batch is one cold
+        # call), one where it lasts more (32 MiB at n=4 on 2 cores: 30-60 ms a call)
+        calls = dict(zip(pairs, (max(1 if t >= BATCH_SECONDS else 2, min(MAX_BATCH, int(BATCH_SECONDS / max(t, 1e-7))))
+                                 for t in once)))
+        if once.max() < BATCH_SECONDS:
+            # one untimed round first: the first calibration of a job ran while its ranks were still
+            # settling (n=4 on 2 cores, 8 B: tree@mpi picked twice at 1.28x recursive doubling's time)
+            _rounds(comm, pairs, calls, 1, run, allreduce, barrier)
         screened = _rounds(comm, pairs, calls, SCREEN_ROUNDS, run, allreduce, barrier)
         finalists = [p for p in pairs if p in sorted(pairs, key=screened.get)[:FINALISTS]]  # in candidate order
         final = _rounds(comm, finalists, calls, FINAL_ROUNDS, run, allreduce, barrier)
