@@ -122,6 +122,12 @@ def test_in_place_and_out_of_place_are_calibrated_apart(calibration):
     agree(np.allclose(inplace, expected, atol=1e-4) and identical_everywhere(inplace)
           and np.allclose(y, expected, atol=1e-4), "in-place result")
     agree(picked(WORLD, x, True) is not None and picked(WORLD, x, False) is not None, "both picks")
+    # the benchmark labels auto's row with what ran in each column
+    from benchmarks.allreduce_perf import row_label
+
+    label = row_label("auto", as_comm(WORLD), x.nbytes, x.dtype)
+    ran = [f"{a}@{t}" for a, t in (picked(WORLD, x, False), picked(WORLD, x, True))]
+    agree(label == f"auto({'/'.join(dict.fromkeys(ran))})", f"label {label} for {ran}")
 
 
 def test_shared_arrays_are_calibrated_apart_on_the_arrays_themselves(calibration):
