@@ -1,7 +1,8 @@
 # Raw mpi4py exchanges beside our recursive doubling (n=2), out of place and in place:
 #   PYTHONPATH=. mpiexec -n 2 python benchmarks/results/p2p_vs_ours.py BYTES
 # PMAX=bytes raises api.PROGRAM_MAX_BYTES (the plan then runs as a prepared program).
-# raw_inplace sends a buffer this core has just written (np.add's output), raw an untouched one.
+# raw_inplace sends a buffer this core has just written (np.add's output), raw an untouched one;
+# raw_inplace_spin20 waits 20 us first; raw_inplace_copy sends a copy made by np.copyto.
 import os
 import sys
 import time
@@ -32,7 +33,18 @@ fns = {"native": lambda: c.Allreduce(a, out),
        "raw": lambda: raw(a, out, 7),
        "raw_inplace": lambda: raw(w, w, 8),
        "ours": lambda: collectives.allreduce(a, out, comm=c, algorithm="recursive_doubling"),
-       "ours_inplace": lambda: collectives.allreduce(w, w, comm=c, algorithm="recursive_doubling")}
+       "ours_inplace": lambda: collectives.allreduce(w, w, comm=c, algorithm="recursive_doubling"),
+       "raw_inplace_spin20": lambda: (spin(20e-6), raw(w, w, 9)),
+       "raw_inplace_copy": lambda: (np.copyto(w2, w), raw(w2, w, 10))}
+w2 = np.empty_like(w)
+
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 times = {k: [] for k in fns}
 with np.errstate(all="ignore"):
     for f in fns.values():
