@@ -169,9 +169,8 @@ def make_runner(name, comm, op, backend_arrays):
 
 def row_label(name, ours, nbytes, dtype, shared=False):
     """The row's name with what ran: auto's choice, and the transport where the library chose it."""
-    from collectives.select import choose_pair, transport_choice
-
     from collectives.autotune import agreed
+    from collectives.select import choose_pair, transport_choice
 
     base, _, transport = name.partition("@")
     if base not in ("auto",) + tuple(collectives.algorithms()):

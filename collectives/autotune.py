@@ -56,6 +56,7 @@ BATCH_SECONDS = 5e-3  # a timed batch lasts about this long
 MAX_BATCH = 2000  # calls in one timed batch at most (a small message's batch still lasts about 5 ms)
 
 _stores = {}  # path -> {key: entry}
+_unwritable = set()  # paths a store failed on (warned once)
 _lock = threading.Lock()
 
 
@@ -152,8 +153,8 @@ def _store(where, name, entry):
                 f.write("\n")
             os.replace(tmp, where)
         except OSError as exc:
-            if ("unwritable", where) not in _stores:
-                _stores[("unwritable", where)] = True
+            if where not in _unwritable:
+                _unwritable.add(where)
                 warnings.warn(f"collectives: cannot store the calibration in {where}: {exc}; it lasts this run",
                               RuntimeWarning, stacklevel=5)
 
@@ -165,10 +166,8 @@ def pick(comm, sendbuf, recvbuf, shm, shared, allreduce, barrier):
     lies, so it is keyed apart): the pick the ranks agreed on for this bucket, else rank 0's
     stored one, else measured now. ``allreduce`` and ``barrier`` are the public calls (this
     module sits below the API)."""
-    from .mpilib import describe
-
     dtype, nbytes, in_place = sendbuf.dtype, sendbuf.nbytes, recvbuf is sendbuf
-    name = key(describe(), comm.size, dtype, nbytes, in_place, shared)
+    name = _comm_key(comm, dtype, nbytes, in_place, shared)
     agreed = comm.session.picks.get(name)
     if agreed is not None:
         return agreed
@@ -209,9 +208,13 @@ def fastest(times):
 def agreed(comm, dtype, nbytes, in_place, shared=False):
     """The (algorithm, transport, why) ``comm``'s ranks agreed on for such a call, or None (the
     benchmark's label for its auto row)."""
+    return comm.session.picks.get(_comm_key(comm, dtype, nbytes, in_place, shared))
+
+
+def _comm_key(comm, dtype, nbytes, in_place, shared):
     from .mpilib import describe
 
-    return comm.session.picks.get(key(describe(), comm.size, dtype, nbytes, in_place, shared))
+    return key(describe(), comm.size, dtype, nbytes, in_place, shared)
 
 
 def measure(comm, sendbuf, recvbuf, pairs, allreduce, barrier):
@@ -296,3 +299,4 @@ def reset():
     """Forget the files read (the next call reads them again)."""
     with _lock:
         _stores.clear()
+        _unwritable.clear()

@@ -132,8 +132,8 @@ def pair_for(name, comm, nbytes, dtype, transport=None, calibrate=None):
         return name, None
     if calibrate is not None and calibrates(comm, transport):
         hosts = (tuple(range(comm.size)),)
-        if not _decide(comm.size, nbytes, dtype, True, hosts, _shm_expected(nbytes, transport))[1] \
-                .startswith("tuning table"):
+        # only the tuning table's pick comes with the transport it was measured over
+        if _decide(comm.size, nbytes, dtype, True, hosts, _shm_expected(nbytes, transport))[2] is None:
             name, measured, why = calibrate()
             log_choice(comm, nbytes, dtype, name, why)
             return name, measured
