@@ -15,7 +15,7 @@ from .backend import NUMPY, backend_for
 from .comm import base as _comm_base
 from .comm.base import Communicator
 from .errors import CollectiveError
-from .executor import Program, execute
+from .executor import BoundProgram, Program, execute
 from .plan import NCHANNELS
 from .ops import check_op_dtype
 
@@ -77,10 +77,6 @@ def _failed(comm, what, exc):
     comm.on_failure(exc)
 
 
-def _cached_plan(comm, key, make):  # the session's plan for ``key``, made by ``make()`` on first use
-    return comm.session.plan(key, make)
-
-
 def clear_caches():
     """Drop every communicator's cached plans, programs and call shapes (scratch buffers and
     windows live and die with their communicator)."""
@@ -92,8 +88,8 @@ def clear_caches():
 def library_memory(comm=None):
     """Bytes the library holds for ``comm`` on this rank, beyond the caller's buffers:
     ``scratch`` (the executor's, one buffer per dtype shared by every algorithm), ``programs``
-    (the work and scratch buffers of cached small-message programs, each within its message;
-    ``program_shapes`` of them) and ``shm_window`` (this rank's segment of the shm window)."""
+    (cached programs' buffers: small messages' work and scratch, mid-size bound calls' scratch
+    up to BOUND_BUDGET; ``program_shapes`` of them) and ``shm_window`` (this rank's shm segment)."""
     held = as_comm(comm).session.memory()
     return {**{k: held[k] for k in ("scratch", "programs", "program_shapes")}, "shm_window": held["windows"]}
 
@@ -149,16 +145,23 @@ def _run(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, shm=
         raise
 
 
-# Messages up to this many bytes run as prepared programs where the transport has them (MPI).
-PROGRAM_MAX_BYTES = 16 << 10
+# Messages up to PROGRAM_MAX_BYTES run as prepared programs where the transport has them (MPI);
+# up to BOUND_MAX_BYTES, calls that repeat their buffers run bound to them (BoundProgram), with
+# at most BOUND_BUDGET bytes of scratch held for that per communicator.
+PROGRAM_MAX_BYTES, BOUND_MAX_BYTES, BOUND_BUDGET = 16 << 10, 256 << 10, 32 << 20
 
 
 def _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what):
-    if not comm.prepares_steps or count * dtype.itemsize > PROGRAM_MAX_BYTES:
+    nbytes, sig = count * dtype.itemsize, signature("allreduce", name, op, dtype, count, params)
+    if not comm.prepares_steps or nbytes > (BOUND_MAX_BYTES if comm.signed else PROGRAM_MAX_BYTES):
         return None
-    tag_key = signature("allreduce", name, op, dtype, count, params) if comm.signed else f"allreduce|{name}|{op}"
-    return comm.session.program((name, op, dtype, count, tuple(sorted(params.items()))),
-                                lambda: Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what, tag_key))
+    tag_key = sig if comm.signed else f"allreduce|{name}|{op}"
+
+    def make():
+        if nbytes > PROGRAM_MAX_BYTES:
+            return BoundProgram(plan, comm, dtype, count, reduce_fn, final_fn, what, sig, BOUND_BUDGET)
+        return Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what, tag_key)
+    return comm.session.program((name, op, dtype, count, tuple(sorted(params.items()))), make)
 
 
 def _run_program(program, comm, sendbuf, recvbuf):
@@ -167,10 +170,6 @@ def _run_program(program, comm, sendbuf, recvbuf):
     except CollectiveError as exc:
         _failed(comm, program.what, exc)
         raise
-
-
-def _select(name, comm, nbytes, dtype):  # (point-to-point paths: compression, iallreduce)
-    return _select_pair(name, comm, nbytes, dtype)[0]
 
 
 def _select_pair(name, comm, nbytes, dtype, transport=None, calibrate=None):
@@ -234,7 +233,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
         if hit is not None:
             ours = _recent[1]
             plan, reduce_fn, final_fn, what, shm, program, sig = hit
-            if program is not None:  # small message: a prepared program copies in and out itself
+            if program is not None:  # a prepared program takes the caller's buffers itself
                 if recvbuf is None:
                     result = np.empty(sendbuf.shape, sendbuf.dtype)
                 elif type(recvbuf) is np.ndarray and recvbuf.shape == sendbuf.shape \

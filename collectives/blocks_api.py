@@ -6,7 +6,7 @@ the cached plan, and runs it with the call's signature in its tags.
 import numpy as np
 
 from . import blocks as _blocks
-from .api import _as_array, _cached_plan, _run, _ufuncs, _usable, maybe_check, signature
+from .api import _as_array, _run, _ufuncs, _usable, maybe_check, signature
 from .backend import NUMPY, backend_for
 from .ops import DTYPES, check_op_dtype
 from .plan import block_bounds
@@ -34,8 +34,8 @@ def reduce_scatter(sendbuf, *, op="sum", comm=None, algorithm="ring"):
     comm = _usable(comm)
     reduce_fn, final_fn = _ufuncs(op, sendbuf.dtype, backend, comm.size)
     count = sendbuf.size
-    plan = _cached_plan(comm, ("reduce_scatter", algorithm, comm.size, comm.rank, count),
-                        lambda: builder(comm.rank, comm.size, count))
+    plan = comm.session.plan(("reduce_scatter", algorithm, comm.size, comm.rank, count),
+                             lambda: builder(comm.rank, comm.size, count))
     maybe_check(comm, "reduce_scatter", algorithm, op, sendbuf.dtype, count, {})
     out = backend.empty(count, sendbuf.dtype)
     _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, reduce_fn, final_fn,
@@ -48,8 +48,8 @@ def _exchange_counts(comm, count):
     """Every rank's element count, through a fixed-size int64 all-gather (no pickling)."""
     counts = np.zeros(comm.size, dtype=np.int64)
     mine = np.array([count], dtype=np.int64)
-    plan = _cached_plan(comm, ("allgather", "counts", comm.size, comm.rank),
-                        lambda: _blocks.allgather_ring(comm.rank, comm.size, list(range(comm.size + 1))))
+    plan = comm.session.plan(("allgather", "counts", comm.size, comm.rank),
+                             lambda: _blocks.allgather_ring(comm.rank, comm.size, list(range(comm.size + 1))))
     _run(plan, comm, NUMPY, mine, counts, None, None, "allgather(counts)",
          signature=signature("allgather", "counts", "", mine.dtype, comm.size))
     return [int(c) for c in counts]
@@ -66,8 +66,8 @@ def allgather(sendbuf, *, comm=None, algorithm="ring"):
     bounds = [0]
     for c in counts:
         bounds.append(bounds[-1] + c)
-    plan = _cached_plan(comm, ("allgather", algorithm, comm.size, comm.rank, tuple(bounds)),
-                        lambda: builder(comm.rank, comm.size, bounds))
+    plan = comm.session.plan(("allgather", algorithm, comm.size, comm.rank, tuple(bounds)),
+                             lambda: builder(comm.rank, comm.size, bounds))
     out = backend.empty(bounds[-1], sendbuf.dtype)
     _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, None, None, f"allgather({algorithm})",
          signature=signature("allgather", algorithm, "", sendbuf.dtype, bounds[-1]))
@@ -95,8 +95,8 @@ def broadcast(buf, *, root=0, comm=None, algorithm="binomial"):
     root = _check_root(root, comm)
     count = buf.size
     sig = signature("broadcast", algorithm, "", buf.dtype, count, {"root": root})
-    plan = _cached_plan(comm, ("broadcast", algorithm, comm.size, comm.rank, count, root),
-                        lambda: builder(comm.rank, comm.size, count, root=root))
+    plan = comm.session.plan(("broadcast", algorithm, comm.size, comm.rank, count, root),
+                             lambda: builder(comm.rank, comm.size, count, root=root))
     maybe_check(comm, "broadcast", algorithm, "sum", buf.dtype, count, {"root": root})
     if backend.is_contiguous(buf):
         flat = buf.reshape(-1)
@@ -118,8 +118,8 @@ def reduce(sendbuf, *, root=0, op="sum", comm=None, algorithm="binomial"):
     root = _check_root(root, comm)
     reduce_fn, final_fn = _ufuncs(op, sendbuf.dtype, backend, comm.size)
     count = sendbuf.size
-    plan = _cached_plan(comm, ("reduce", algorithm, comm.size, comm.rank, count, root),
-                        lambda: builder(comm.rank, comm.size, count, root=root))
+    plan = comm.session.plan(("reduce", algorithm, comm.size, comm.rank, count, root),
+                             lambda: builder(comm.rank, comm.size, count, root=root))
     maybe_check(comm, "reduce", algorithm, op, sendbuf.dtype, count, {"root": root})
     out = backend.empty(count, sendbuf.dtype)
     _run(plan, comm, backend, backend.flat_contiguous(sendbuf), out, reduce_fn, final_fn, f"reduce({algorithm})",

@@ -57,15 +57,15 @@ def _show(field, value):
 
 def agree(comm, kind, algorithm, op, dtype, count, params):
     from . import blocks
-    from .api import _cached_plan, _run
+    from .api import _run
     from .backend import NUMPY
 
     mine = encode(kind, algorithm, op, dtype, count, params)
     width = len(FIELDS)
     table = np.zeros(comm.size * width, dtype=np.int64)
     bounds = [r * width for r in range(comm.size + 1)]
-    plan = _cached_plan(comm, ("allgather", "check", comm.size, comm.rank),
-                        lambda: blocks.allgather_ring(comm.rank, comm.size, bounds))
+    plan = comm.session.plan(("allgather", "check", comm.size, comm.rank),
+                             lambda: blocks.allgather_ring(comm.rank, comm.size, bounds))
     _run(plan, comm, NUMPY, mine, table, None, None, f"{kind}({algorithm}) check", signature="check")
     table = table.reshape(comm.size, width)
     for column, field in enumerate(FIELDS):

@@ -83,7 +83,7 @@ def plain(sendbuf, recvbuf, op, algorithm, comm, options):
         _algorithms.get(algorithm)
     _check_recvbuf(sendbuf, recvbuf, backend)
     comm = _api._usable(comm)
-    name = _api._select(algorithm, comm, sendbuf.nbytes, dtype)
+    name = _api._select_pair(algorithm, comm, sendbuf.nbytes, dtype)[0]
     options = _options_for(name, algorithm, options)
     module, params, plan = _plan(comm, name, sendbuf.size, dtype, options)
     if config.check_enabled():
@@ -122,7 +122,7 @@ def _choose(comm, nbytes, dtype, fmt, scope, algorithm):
     """The algorithm of a compressed call: forced, named, or by the cost model with the wire's bytes
     (the tuning table measured uncompressed messages, so it is not asked)."""
     if algorithm != "auto" or config.forced_algorithm() is not None:
-        return _api._select(algorithm, comm, nbytes, dtype)
+        return _api._select_pair(algorithm, comm, nbytes, dtype)[0]
     from . import select
     from .model import BETA, BETA_INTER
 

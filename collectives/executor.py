@@ -4,6 +4,7 @@ from functools import partial
 
 import numpy as np
 
+from .backend import NUMPY as _NUMPY
 from .binding import COPY, REDUCE, bind
 from .plan import NCHANNELS
 
@@ -82,6 +83,7 @@ class Program:
         self.copyto = backend.copyto if backend.is_device else getattr(backend.xp, "copyto", backend.copyto)
         self.xp = backend.xp
         self.tag = comm.program_tag(tag_key) * NCHANNELS
+        self.split = True  # a message past the library's eager limit travels as eager pieces
         self.calls = self._bind(work, work)
         self.bound = None  # (sendbuf, recvbuf, calls) bound to a caller's buffers
         self.last = None  # the caller's buffers of the previous call
@@ -93,7 +95,8 @@ class Program:
         steps = bind(self.plan, (inbuf, outbuf, self.tmp), inbuf is outbuf, self.final_fn is not None)
         for index, sends, recvs, ops in steps:
             if sends or recvs:
-                calls.append(self.comm.prepare(sends, recvs, self.tag, StepName(self.what, index, nsteps)))
+                calls.append(self.comm.prepare(sends, recvs, self.tag, StepName(self.what, index, nsteps),
+                                               self.split))
             for op in ops:
                 kind = op[0]
                 if kind == REDUCE:
@@ -134,3 +137,65 @@ class Program:
         flat_out = flat_in if recvbuf is sendbuf else recvbuf.reshape(-1)
         self.bound = (sendbuf, recvbuf, self._bind(flat_in, flat_out))
         return True
+
+    def nbytes(self):
+        """Bytes this program holds beyond the caller's buffers."""
+        return self.work.nbytes + self.tmp.nbytes
+
+
+class BoundProgram(Program):
+    """A mid-size message's plan, bound to the caller's own buffers when a call repeats the
+    previous call's pair (a training loop's gradient buffers): persistent requests and pre-sliced
+    ufunc calls, as small-message programs run, with no copies in or out. Any other call runs
+    the executor on the session's scratch.
+
+    Either way the messages are the executor's: the call's signature tags (``comm.call_tag``, so
+    the communicator must sign its calls) and whole messages, never eager pieces. A rank running
+    the bound plan and a rank running ``execute`` (its buffers changed) meet. Binding needs a
+    scratch of the plan's own (``plan.tmp_count`` elements, up to the message's size); the
+    session caps what its bound programs hold at ``budget`` bytes, past which calls stay on the
+    executor. Measured at n=2 (benchmarks/RESULTS.md): 64 KiB under Open MPI 36 -> 24 us."""
+
+    def __init__(self, plan, comm, dtype, count, reduce_fn, final_fn, what, signature, budget):
+        self.plan, self.comm, self.reduce_fn, self.final_fn, self.what = plan, comm, reduce_fn, final_fn, what
+        self.dtype, self.signature, self.budget = dtype, signature, budget
+        self.copyto, self.xp = np.copyto, np
+        self.work = self.tmp = None
+        self.tag = comm.call_tag(signature) * NCHANNELS
+        self.split = False
+        self.bound = None
+        self.last = None
+
+    def __call__(self, sendbuf, recvbuf):
+        bound = self.bound
+        if bound is not None and bound[0] is sendbuf and bound[1] is recvbuf:
+            for call in bound[2]:
+                call()
+            return
+        last = self.last
+        if last is not None and last[0] is sendbuf and last[1] is recvbuf and self._rebind(sendbuf, recvbuf):
+            for call in self.bound[2]:
+                call()
+            return
+        self.last = (sendbuf, recvbuf)
+        flat_in = sendbuf.reshape(-1)
+        flat_out = flat_in if recvbuf is sendbuf else recvbuf.reshape(-1)
+        into = flat_out
+        if recvbuf is not sendbuf and np.may_share_memory(sendbuf, recvbuf):
+            into = np.empty_like(flat_out)  # overlapping buffers: reduce apart, then copy
+        plan, comm = self.plan, self.comm
+        tmp = comm.session.scratch_buffer(_NUMPY, self.dtype, plan.tmp_count)
+        execute(plan, comm, flat_in, into, tmp, self.reduce_fn, self.final_fn, self.what, None, self.signature)
+        if into is not flat_out:
+            np.copyto(flat_out, into)
+
+    def _rebind(self, sendbuf, recvbuf):
+        if self.tmp is None:
+            nbytes = max(self.plan.tmp_count, 1) * self.dtype.itemsize
+            if self.comm.session.program_bytes() + nbytes > self.budget:
+                return False
+            self.tmp = np.empty(max(self.plan.tmp_count, 1), self.dtype)
+        return super()._rebind(sendbuf, recvbuf)
+
+    def nbytes(self):
+        return 0 if self.tmp is None else self.tmp.nbytes

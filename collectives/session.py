@@ -65,10 +65,14 @@ class Session:
             buf = self.scratch[key] = backend.empty(max(count, 1), dtype)
         return buf
 
+    def program_bytes(self):
+        """Bytes the cached programs hold (work buffers and scratch of their own)."""
+        return sum(program.nbytes() for program in self.programs.values())
+
     def memory(self):
         """Bytes held: scratch, programs (with their count) and windows."""
         return {"scratch": sum(buf.nbytes for buf in self.scratch.values()),
-                "programs": sum(p.work.nbytes + p.tmp.nbytes for p in self.programs.values()),
+                "programs": self.program_bytes(),
                 "program_shapes": len(self.programs),
                 "windows": sum(w.nbytes_held() for w in self.windows.values())}
 

@@ -155,7 +155,7 @@ def other_library_layers(kind, log=print):
 # library-agnostic Python and run under MPICH
 OPENMPI_TESTS = ["tests/mpi/test_mpi_allreduce.py", "tests/mpi/test_mpi_reliability.py",
                  "tests/mpi/test_mpi_tune.py", "tests/mpi/test_mpi_library.py", "tests/mpi/test_mpi_transport.py",
-                 "tests/mpi/test_mpi_nonblocking.py", "tests/mpi/test_mpi_autotune.py"]
+                 "tests/mpi/test_mpi_nonblocking.py", "tests/mpi/test_mpi_autotune.py", "tests/mpi/test_mpi_bound.py"]
 IMPI_TESTS = OPENMPI_TESTS
 
 

@@ -172,8 +172,9 @@ class Communicator:
         if session is not None:
             session.close()
 
-    def prepare(self, sends, recvs, tag, what):
-        """One step bound to fixed buffers and a fixed tag, as a callable that reruns it."""
+    def prepare(self, sends, recvs, tag, what, split=True):
+        """One step bound to fixed buffers and a fixed tag, as a callable that reruns it
+        (``split``: a transport may send a message as pieces; False keeps messages whole)."""
         return lambda: self.exchange(sends, recvs, tag, what)
 
 

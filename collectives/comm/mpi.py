@@ -173,12 +173,14 @@ class MPIComm(Communicator):
 
     prepares_steps = True
 
-    def prepare(self, sends, recvs, tag, what):
+    def prepare(self, sends, recvs, tag, what, split=True):
         """One step on fixed host buffers and a fixed tag, as persistent requests: rerunning
-        it starts them and polls, with the same bounded wait and size checks as exchange()."""
+        it starts them and polls, with the same bounded wait and size checks as exchange().
+        ``split``: a message just past the eager limit travels as eager pieces; False sends
+        every message whole, as exchange() does (a rank running exchange() meets it)."""
         if any(not isinstance(buf, _ndarray) for _, buf, _ in list(sends) + list(recvs)):
             return super().prepare(sends, recvs, tag, what)
-        return _PreparedStep(self, sends, recvs, tag, what)
+        return _PreparedStep(self, sends, recvs, tag, what, split)
 
     # device buffers (one step's buffers all live where the call's arrays live)
     def _exchange_device(self, sends, recvs, tag, what):

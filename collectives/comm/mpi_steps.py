@@ -127,11 +127,11 @@ class _PreparedStep:
     __slots__ = ("mpi_comm", "tag", "requests", "statuses", "recvs", "sends", "what", "sizes", "pair",
                  "prober", "__weakref__")
 
-    def __init__(self, comm, sends, recvs, tag, what):
+    def __init__(self, comm, sends, recvs, tag, what, split=True):
         self.mpi_comm, self.tag = comm.mpi_comm, tag
         self.prober = comm if comm.signed else None
         # the messages as they travel (a message just past the eager limit as two pieces)
-        limit = _eager_limit()
+        limit = _eager_limit() if split else 0
         self.recvs = [piece for message in recvs for piece in _pieces(*message, limit)]
         self.sends = [piece for message in sends for piece in _pieces(*message, limit)]
         self.requests = self._make(self.recvs, self.sends)

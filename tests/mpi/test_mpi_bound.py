@@ -1,0 +1,156 @@
+"""Mid-size calls that repeat their buffers run their plan bound to them (executor.BoundProgram):
+the same bytes as the executor, on every rank; ranks on different paths (one bound, one on the
+executor) meet; a mismatch after binding is an error on every rank; the session's budget caps
+what bound programs hold; without the guard (no signed tags) nothing binds. Run by
+tests/run_all.py at N = 1..4 ranks, under MPICH, Open MPI and Intel MPI."""
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py")
+from mpi4py import MPI  # noqa: E402
+
+import collectives  # noqa: E402
+from collectives import api  # noqa: E402
+from collectives.executor import BoundProgram  # noqa: E402
+from tests.helpers import agree_all, bitwise_alike  # noqa: E402
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
+WORLD = MPI.COMM_WORLD
+RANK, N = WORLD.rank, WORLD.size
+# between the small-message programs and the bound limit; one odd count
+COUNTS = [api.PROGRAM_MAX_BYTES // 4 + 1000, api.BOUND_MAX_BYTES // 4 - 7]
+# shm runs on the shared-memory transport, which has no prepared programs
+ALGORITHMS = [name for name in collectives.algorithms() if name != "shm"]
+
+
+def agree(ok, message):
+    agree_all(WORLD, ok, message)
+
+
+def data(count, seed=0):
+    return np.random.default_rng(1000 * seed + RANK).standard_normal(count).astype(np.float32)
+
+
+def bound_programs(comm):
+    return [p for p in comm.session.programs.values() if isinstance(p, BoundProgram) and p.bound is not None]
+
+
+@pytest.fixture
+def comm():
+    mpi_comm = WORLD.Dup()
+    ours = collectives.as_comm(mpi_comm)
+    yield ours
+    mpi_comm.Free()
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_repeated_buffers_run_bound_with_the_executors_bytes(comm, monkeypatch, algorithm, in_place):
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
+    ok, why = True, ""
+    for count in COUNTS:
+        x = data(count)
+        executor = collectives.allreduce(x, comm=comm, algorithm=algorithm)  # fresh buffers: the executor
+        buf = x.copy() if in_place else np.empty_like(x)
+        for call in range(4):  # the second call binds; the later ones run bound
+            if in_place:
+                buf[...] = x
+                collectives.allreduce(buf, buf, comm=comm, algorithm=algorithm)
+            else:
+                collectives.allreduce(x, buf, comm=comm, algorithm=algorithm)
+            if not np.array_equal(buf.view(np.uint32), executor.view(np.uint32)):
+                ok, why = False, f"count {count} call {call}: bound bytes differ from the executor's"
+        ok &= bitwise_alike(WORLD, buf)
+    if not bound_programs(comm):
+        ok, why = False, "no program was bound"
+    agree(ok, why or "ranks hold different bytes")
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner", "tree"])
+def test_ranks_on_different_paths_meet(comm, monkeypatch, algorithm, count):
+    """Even ranks repeat their buffers (bound), odd ranks bring new ones every call (executor):
+    the messages are the same (the executor's tags, whole messages even where a small-message
+    program would send eager pieces: ring's chunks at n=4), so every call completes with the
+    same result everywhere."""
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "10")
+    monkeypatch.setenv("COLLECTIVES_ON_ERROR", "raise")
+    x = data(count, seed=1)
+    expected = np.empty_like(x)
+    WORLD.Allreduce(x, expected)
+    out = np.empty_like(x)
+    ok, why = True, ""
+    for call in range(5):
+        if RANK % 2:
+            out = np.empty_like(x)
+        collectives.allreduce(x, out, comm=comm, algorithm=algorithm)
+        if not np.allclose(out, expected, rtol=1e-4, atol=1e-4):
+            ok, why = False, f"call {call}: wrong result"
+        if not bitwise_alike(WORLD, out):
+            ok, why = False, f"call {call}: ranks hold different bytes"
+    if N > 1 and RANK % 2 == 0 and not bound_programs(comm):
+        ok, why = False, "the repeating rank never ran bound"
+    agree(ok, why)
+
+
+def test_a_mismatch_after_binding_is_an_error_on_every_rank(comm, monkeypatch):
+    if N < 2:
+        pytest.skip("a mismatch needs two ranks")
+    monkeypatch.setenv("COLLECTIVES_ON_ERROR", "raise")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "2")
+    x = data(COUNTS[0], seed=2)
+    out = np.empty_like(x)
+    for _ in range(3):
+        collectives.allreduce(x, out, comm=comm, algorithm="ring")
+    ok, why = bool(bound_programs(comm)), "no program was bound"
+    try:  # rank 1 asks for max, the others run their bound sum
+        collectives.allreduce(x, out, op="max" if RANK == 1 else "sum", comm=comm, algorithm="ring")
+        ok, why = False, "returned a result"
+    except (collectives.MismatchError, collectives.CollectiveTimeout):
+        pass
+    except Exception as exc:  # noqa: BLE001 - any other outcome is the failure reported
+        ok, why = False, f"{type(exc).__name__}: {exc}"
+    agree(ok, why)
+
+
+def test_the_budget_caps_what_bound_programs_hold(comm, monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
+    monkeypatch.setattr(api, "BOUND_BUDGET", 0)
+    x = data(COUNTS[1], seed=3)
+    out = np.empty_like(x)
+    for _ in range(4):
+        collectives.allreduce(x, out, comm=comm, algorithm="recursive_doubling")
+    held = collectives.library_memory(comm)["programs"]
+    ok = held == 0 and not bound_programs(comm)
+    expected = collectives.allreduce(x, comm=comm, algorithm="recursive_doubling")
+    ok &= np.array_equal(out, expected)
+    agree(ok, f"a zero budget still bound a program ({held} B held) or changed the result")
+
+
+def test_the_budget_counts_what_binding_holds(comm, monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
+    x = data(COUNTS[1], seed=4)
+    out = np.empty_like(x)
+    for _ in range(3):
+        collectives.allreduce(x, out, comm=comm, algorithm="recursive_doubling")
+    held = collectives.library_memory(comm)["programs"]
+    tmp_bytes = sum(p.plan.tmp_count * 4 for p in bound_programs(comm))
+    agree(N == 1 or (held == tmp_bytes > 0), f"programs hold {held} B, bound scratch is {tmp_bytes} B")
+
+
+def test_without_the_guard_nothing_binds(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_GUARD", "0")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
+    mpi_comm = WORLD.Dup()
+    comm = collectives.as_comm(mpi_comm)  # the guard is read when the communicator is wrapped
+    try:
+        x = data(COUNTS[0], seed=5)
+        out = np.empty_like(x)
+        for _ in range(3):
+            collectives.allreduce(x, out, comm=comm, algorithm="ring")
+        expected = np.empty_like(x)
+        WORLD.Allreduce(x, expected)
+        ok = np.allclose(out, expected, rtol=1e-4, atol=1e-4) and not comm.session.programs
+        agree(ok, f"unsigned calls made programs {list(comm.session.programs)} or a wrong result")
+    finally:
+        mpi_comm.Free()
