@@ -112,6 +112,7 @@ class ShmTransport:
             self.headers.append(segment[:HEADER].view(np.int64))
             self.staging.append(segment[HEADER:])
         self.header = self.headers[self.node_index[self.comm.rank]]
+        self.published = None  # the call slots last written to this header (none yet)
         self.header[PID], self.header[PROBE_ADDRESS] = self.pid, self._probe.ctypes.data
         self.header[CMA_OK] = 1 if getattr(self, "cma", False) else 0
         self.header[PROGRESS] = self.calls << 32
@@ -144,10 +145,7 @@ class ShmTransport:
         flags = (F_IN_PLACE if in_place else 0) | (F_CMA if self.cma else 0)
         in_at = self.shared.locate(inbuf)
         out_at = in_at if in_place else self.shared.locate(outbuf)
-        if in_at is not None:
-            flags |= F_IN_SHARED
-        if out_at is not None:
-            flags |= F_OUT_SHARED
+        flags |= (F_IN_SHARED if in_at is not None else 0) | (F_OUT_SHARED if out_at is not None else 0)
         layout, mapped = self.layouts.of(plan, itemsize, flags, plans_of)
         call = self.calls + 1
         self.what = what  # the call's name, which a mismatch names (a wait names its step)
@@ -163,14 +161,14 @@ class ShmTransport:
             self._wait_done(self.readers, call - 1, what, limit, sig, tag)
         need = self.layouts.bound(plan, plans_of, itemsize)
         need = need if need > self.capacity else 0
-        self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf)
-        self.header[PROGRESS] = call << 32  # this call has begun: its fields can be compared
+        self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf, layout.direct)
+        base = call << 32
+        self.header[PROGRESS] = base  # this call has begun: its fields can be compared
         if need:
             self._agree_and_grow(need, sig, call, what, limit)
-            self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf)  # into the new window
+            self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf, layout.direct)  # the new window
+            self.header[PROGRESS] = base
         header = self.header
-        base = call << 32
-        header[PROGRESS] = base
         self.calls = call
         bufs = (inbuf, outbuf, tmpbuf)
         mine = self.staging[self.node_index[me]]
@@ -236,13 +234,18 @@ class ShmTransport:
         if layout.direct:  # the caller may write its shared array next: its readers must be done
             self._wait_done(self.readers, call, what, limit, sig, tag)
 
-    def _publish_call(self, fields, sig, flags, in_at, out_at, inbuf, outbuf):
+    def _publish_call(self, fields, sig, flags, in_at, out_at, inbuf, outbuf, direct):
+        """This call's header slots where they changed (peers poll the row: a write costs them a miss)."""
         header = self.header
-        header[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)] = fields
-        header[SIGNATURE], header[FLAGS] = sig, flags
-        header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
-        header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
-        header[IN_ADDRESS], header[OUT_ADDRESS] = inbuf.ctypes.data, outbuf.ctypes.data
+        row = (sig, flags, in_at, out_at)
+        if row != self.published:
+            header[CALL_FIELDS:CALL_FIELDS + len(FIELD_NAMES)] = fields
+            header[SIGNATURE], header[FLAGS] = sig, flags
+            header[IN_ARRAY], header[IN_OFFSET] = in_at if in_at is not None else (0, 0)
+            header[OUT_ARRAY], header[OUT_OFFSET] = out_at if out_at is not None else (0, 0)
+            self.published = row
+        if direct:
+            header[IN_ADDRESS], header[OUT_ADDRESS] = inbuf.ctypes.data, outbuf.ctypes.data
 
     def _source(self, sources, peer, chan, dtype):
         entry = sources[(peer, chan)]
