@@ -6,6 +6,7 @@ import numpy as np
 
 from .backend import NUMPY as _NUMPY
 from .binding import COPY, REDUCE, bind
+from .ops import aligned_parts
 from .plan import NCHANNELS
 
 
@@ -46,7 +47,12 @@ def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=N
         for op in ops:
             kind = op[0]
             if kind == REDUCE:
-                reduce_fn(op[2], op[3], out=op[1])
+                parts = aligned_parts(op[1], op[2], op[3])
+                if parts is None:
+                    reduce_fn(op[2], op[3], out=op[1])
+                else:
+                    for out, a, b in parts:
+                        reduce_fn(a, b, out=out)
             elif kind == COPY:
                 op[1][...] = op[2]
             else:  # FINAL (bound only where final_fn is given)
@@ -100,10 +106,11 @@ class Program:
             for op in ops:
                 kind = op[0]
                 if kind == REDUCE:
-                    if keyword_out:
-                        calls.append(partial(reduce_fn, op[2], op[3], out=op[1]))
-                    else:  # a positional out= is the cheaper call
-                        calls.append(partial(reduce_fn, op[2], op[3], op[1]))
+                    for out, a, b in aligned_parts(op[1], op[2], op[3]) or ((op[1], op[2], op[3]),):
+                        if keyword_out:
+                            calls.append(partial(reduce_fn, a, b, out=out))
+                        else:  # a positional out= is the cheaper call
+                            calls.append(partial(reduce_fn, a, b, out))
                 elif kind == COPY:
                     calls.append(partial(self.copyto, op[1], op[2]))
                 else:  # FINAL

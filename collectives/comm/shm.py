@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import config, mpilib
 from ..errors import MismatchError
+from ..ops import aligned_parts
 from ..binding import COPY, REDUCE
 from ..plan import IN, OUT, TMP
 from .base import foreign_message
@@ -46,7 +47,6 @@ MPI = mpilib.load()
 
 FIRST_CAPACITY = 1 << 16  # staging bytes per rank of the first window
 _FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386")
-_KEYWORD_OUT = {np.maximum, np.minimum}
 
 
 def available(comm):
@@ -218,11 +218,9 @@ class ShmTransport:
             for op in ops:
                 kind = op[0]
                 if kind == REDUCE:
-                    left, right = _operand(bufs, views, op[2]), _operand(bufs, views, op[3])
-                    if reduce_fn in _KEYWORD_OUT:
-                        reduce_fn(left, right, out=_operand(bufs, None, op[1]))
-                    else:
-                        reduce_fn(left, right, _operand(bufs, None, op[1]))
+                    whole = (_operand(bufs, None, op[1]), _operand(bufs, views, op[2]), _operand(bufs, views, op[3]))
+                    for out, left, right in aligned_parts(*whole) or (whole,):
+                        reduce_fn(left, right, out=out)
                 elif kind == COPY:
                     np.copyto(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]))
                 else:  # FINAL (bound only where final_fn is given)

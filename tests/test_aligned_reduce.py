@@ -1,0 +1,52 @@
+"""ops.aligned_parts: a reduction split at its output's first 64-byte boundary gives the same
+bytes as the whole one, and its bulk's stores start on a cache line."""
+import numpy as np
+import pytest
+
+from collectives.ops import SPLIT_MIN_BYTES, STORE_ALIGN, aligned_parts
+
+
+def at(offset, count, dtype=np.float32):
+    """``count`` items starting ``offset`` bytes past a 64-byte boundary."""
+    raw = np.empty(count * np.dtype(dtype).itemsize + 2 * STORE_ALIGN, np.uint8)
+    start = -raw.ctypes.data % STORE_ALIGN + offset
+    return raw[start:start + count * np.dtype(dtype).itemsize].view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
+@pytest.mark.parametrize("offset", [8, 16, 48])
+@pytest.mark.parametrize("ufunc", [np.add, np.maximum, np.multiply])
+def test_a_split_reduction_has_the_whole_ones_bytes(dtype, offset, ufunc):
+    count = SPLIT_MIN_BYTES // np.dtype(dtype).itemsize + 13
+    rng = np.random.default_rng(offset)
+    a = at(offset, count, dtype)
+    b = at(0, count, dtype)
+    a[...] = rng.standard_normal(count) * 100
+    b[...] = rng.standard_normal(count) * 100
+    expected = ufunc(a, b)
+    out = at(offset, count, dtype)
+    parts = aligned_parts(out, a, b)
+    assert parts is not None and len(parts) == 2
+    head, bulk = parts
+    assert bulk[0].ctypes.data % STORE_ALIGN == 0 and 0 < head[0].size < STORE_ALIGN
+    for o, x, y in parts:
+        ufunc(x, y, out=o)
+    assert out.tobytes() == expected.tobytes()
+    # in place (out is a): the same bytes again
+    for o, x, y in aligned_parts(a, a, b):
+        ufunc(x, y, out=o)
+    assert a.tobytes() == expected.tobytes()
+
+
+def test_what_stays_whole():
+    count = SPLIT_MIN_BYTES // 4
+    aligned = at(0, count)
+    assert aligned_parts(aligned, aligned, aligned) is None
+    small = at(16, 16)
+    assert aligned_parts(small, small, small) is None
+    # float32 items one byte off their own alignment cannot reach a 64-byte boundary
+    raw = np.zeros(SPLIT_MIN_BYTES + 128, np.uint8)
+    skewed = np.frombuffer(raw.data, np.float32, count, offset=(-raw.ctypes.data % STORE_ALIGN) + 1)
+    assert aligned_parts(skewed, skewed, skewed) is None
+    # not a NumPy array (CuPy's arrays go whole)
+    assert aligned_parts(memoryview(bytearray(SPLIT_MIN_BYTES)), None, None) is None
