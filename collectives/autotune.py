@@ -266,18 +266,27 @@ def _measure_pairs(comm, pairs, run, allreduce, barrier):
         pairs = list(first)
         once = np.array([first[p] for p in pairs])
         allreduce(once, once, op="max", algorithm="recursive_doubling", comm=comm)
-        # batches of about BATCH_SECONDS, at least 2 calls where one lasts less (no batch is one cold
-        # call), one where it lasts more (32 MiB at n=4 on 2 cores: 30-60 ms a call)
-        calls = dict(zip(pairs, (max(1 if t >= BATCH_SECONDS else 2, min(MAX_BATCH, int(BATCH_SECONDS / max(t, 1e-7))))
-                                 for t in once)))
+        calls = _batches(pairs, once)
         if once.max() < BATCH_SECONDS:
             # one untimed round first: the first calibration of a job ran while its ranks were still
-            # settling (n=4 on 2 cores, 8 B: tree@mpi picked twice at 1.28x recursive doubling's time)
-            _rounds(comm, pairs, calls, 1, run, allreduce, barrier)
+            # settling (n=4 on 2 cores, 8 B: tree@mpi picked twice at 1.28x recursive doubling's time);
+            # then batches sized again from it: one call after a barrier times mostly the ranks' skew
+            # there, so batches of 5-12 calls carried it unevenly (128 B: recursive doubling measured
+            # at 57 us, 38 steady, tree 57 against 55, and tree picked)
+            settled = _rounds(comm, pairs, calls, 1, run, allreduce, barrier)
+            calls = _batches(pairs, [settled[pair] for pair in pairs])
         screened = _rounds(comm, pairs, calls, SCREEN_ROUNDS, run, allreduce, barrier)
         finalists = [p for p in pairs if p in sorted(pairs, key=screened.get)[:FINALISTS]]  # in candidate order
         final = _rounds(comm, finalists, calls, FINAL_ROUNDS, run, allreduce, barrier)
     return final, screened
+
+
+def _batches(pairs, seconds):
+    """{pair: calls per batch} for about BATCH_SECONDS, at least 2 calls where one lasts less (no batch
+    is one cold call), one where it lasts more (32 MiB at n=4 on 2 cores: 30-60 ms a call). Every
+    rank gets the same figures (the slowest rank's), so every rank makes the same calls."""
+    return {pair: max(1 if t >= BATCH_SECONDS else 2, min(MAX_BATCH, int(BATCH_SECONDS / max(t, 1e-7))))
+            for pair, t in zip(pairs, seconds)}
 
 
 def _rounds(comm, pairs, calls, rounds, run, allreduce, barrier):

@@ -150,3 +150,35 @@ def test_the_switch_takes_0_or_1(monkeypatch):
     monkeypatch.setenv("COLLECTIVES_AUTOTUNE", "on")
     with pytest.raises(ValueError, match="COLLECTIVES_AUTOTUNE must be 0 or 1"):
         config.autotune()
+
+
+def test_batches_are_sized_from_a_round_of_batches_not_from_one_call_after_a_barrier(monkeypatch):
+    """Each pair's first timed call is slow (as one call after a barrier is, with ranks skewed on an
+    oversubscribed node); the screening and final batches must be sized from the settling round's
+    steady per-call time, so that they last about BATCH_SECONDS and a fixed skew weighs little."""
+    import time
+
+    steady = 100e-6
+    seen = {}
+
+    def run(pair):
+        seen[pair] = seen.get(pair, 0) + 1
+        end = time.perf_counter() + (3e-3 if seen[pair] == 2 else steady)  # the timed first call: 3 ms
+        while time.perf_counter() < end:
+            pass
+
+    sized = []
+    real_rounds = autotune._rounds
+
+    def rounds(comm, pairs, calls, count, *rest):
+        sized.append((count, dict(calls)))
+        return real_rounds(comm, pairs, calls, count, *rest)
+
+    monkeypatch.setattr(autotune, "_rounds", rounds)
+    pairs = [("ring", "mpi"), ("tree", "mpi")]
+    final, screened = autotune._measure_pairs(None, pairs, run, lambda *a, **k: None, lambda comm: None)
+    settling, screening = sized[0][1], sized[1][1]
+    assert all(calls <= 3 for calls in settling.values())  # from the 3 ms call
+    want = autotune.BATCH_SECONDS / steady
+    assert all(0.4 * want <= calls <= 1.1 * want for calls in screening.values()), screening
+    assert all(0.8 * steady <= t <= 3 * steady for t in final.values()), final
