@@ -363,7 +363,7 @@ def main(argv=None):
     total_wrong = sum(int(r["oop"]["wrong"]) + int(r["ip"]["wrong"]) for r in records
                       if args.check and not r["algorithm"].startswith("floor:"))
     # the library's own memory: the executor's scratch (one buffer per dtype, shared by every
-    # algorithm), cached small-message programs and the shm algorithm's window (this rank's segment)
+    # algorithm), cached programs (small messages, mid-size bound calls) and the shm window (this rank's segment)
     held = collectives.library_memory(ours)
     scratch, window, programs = held["scratch"], held["shm_window"], held["programs"]
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -377,7 +377,7 @@ def main(argv=None):
         print(f"# Peak memory per rank (max RSS): {max(peaks) / 1024:.1f} MiB; library memory per rank: plan "
               f"scratch {max(scratches) / 2**20:.2f} MiB, shm window {max(windows) / 2**20:.2f} MiB "
               f"(largest message {max((r['size'] for r in records), default=0) / 2**20:.2f} MiB); "
-              f"small-message programs {max(b for b, _ in program_bytes) / 2**20:.2f} MiB over "
+              f"programs {max(b for b, _ in program_bytes) / 2**20:.2f} MiB over "
               f"{max(k for _, k in program_bytes)} cached call shapes, each within its message")
         if args.guard_cost:
             by_size = {}

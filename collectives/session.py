@@ -1,7 +1,7 @@
 """The session: everything the library holds for one communicator, freed with it.
 
-A communicator (``Communicator.session``) owns one: its prepared small-message programs (bound
-to its transport), the call shapes a repeated call looks up, the executor's scratch (one buffer
+A communicator (``Communicator.session``) owns one: its prepared programs (small messages and
+mid-size calls bound to their buffers, over its transport), the call shapes a repeated call looks up, the executor's scratch (one buffer
 per backend and dtype, shared by every algorithm) and the shared windows of its shared-memory
 paths. Nothing of a communicator lives in module-level caches or in other modules' attributes on
 it: ``close()`` (run when the communicator is released) frees the windows and drops the rest.
