@@ -157,13 +157,20 @@ def make_runner(name, comm, op, backend_arrays):
         return oop, ip
     algorithm = "auto" if name in ("auto+check", "auto-unguarded") else name
     algorithm, _, transport = algorithm.partition("@")
-    named = {"transport": transport} if transport else {}  # as a caller who names none calls it
+    if transport:
+        def oop():
+            collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, transport=transport)
 
+        def ip():
+            collectives.allreduce(recvbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, transport=transport)
+        return oop, ip
+
+    # as a caller who names no transport calls it (a `**{}` at the call site alone costs 0.2 us)
     def oop():
-        collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, **named)
+        collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm)
 
     def ip():
-        collectives.allreduce(recvbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, **named)
+        collectives.allreduce(recvbuf, recvbuf, op=op, algorithm=algorithm, comm=comm)
     return oop, ip
 
 
