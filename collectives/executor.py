@@ -1,6 +1,7 @@
 """The executor: runs one rank's plan over a communicator, on NumPy or CuPy arrays, as
 ``binding.bind`` binds it to the buffers (``execute`` on every call, a ``Program`` once)."""
 from functools import partial
+from weakref import ref as _weakref
 
 import numpy as np
 
@@ -159,9 +160,11 @@ class BoundProgram(Program):
     Either way the messages are the executor's: the call's signature tags (``comm.call_tag``, so
     the communicator must sign its calls) and whole messages, never eager pieces. A rank running
     the bound plan and a rank running ``execute`` (its buffers changed) meet. Binding needs a
-    scratch of the plan's own (``plan.tmp_count`` elements, up to the message's size); the
-    session caps what its bound programs hold at ``budget`` bytes, past which calls stay on the
-    executor. Measured at n=2 (benchmarks/RESULTS.md): 64 KiB under Open MPI 36 -> 24 us."""
+    scratch of the plan's own (``plan.tmp_count`` elements, up to the message's size), and a
+    binding keeps the caller's two arrays alive until it is dropped; the session caps what its
+    bindings keep (scratch and arrays) at ``budget`` bytes, past which calls stay on the executor.
+    The previous call's pair, which a repeat would bind, is held by weak references only.
+    Measured at n=2 (benchmarks/RESULTS.md): 64 KiB under Open MPI 36 -> 24 us."""
 
     def __init__(self, plan, comm, dtype, count, reduce_fn, final_fn, what, signature, budget):
         self.plan, self.comm, self.reduce_fn, self.final_fn, self.what = plan, comm, reduce_fn, final_fn, what
@@ -180,11 +183,11 @@ class BoundProgram(Program):
                 call()
             return
         last = self.last
-        if last is not None and last[0] is sendbuf and last[1] is recvbuf and self._rebind(sendbuf, recvbuf):
+        if last is not None and last[0]() is sendbuf and last[1]() is recvbuf and self._rebind(sendbuf, recvbuf):
             for call in self.bound[2]:
                 call()
             return
-        self.last = (sendbuf, recvbuf)
+        self.last = (_weakref(sendbuf), _weakref(recvbuf))
         flat_in = sendbuf.reshape(-1)
         flat_out = flat_in if recvbuf is sendbuf else recvbuf.reshape(-1)
         into = flat_out
@@ -197,12 +200,24 @@ class BoundProgram(Program):
             np.copyto(flat_out, into)
 
     def _rebind(self, sendbuf, recvbuf):
+        self.bound = None  # a binding to other arrays is stale: drop it (and what it keeps alive)
+        scratch = max(self.plan.tmp_count, 1) * self.dtype.itemsize
+        arrays = sendbuf.nbytes + (0 if recvbuf is sendbuf else recvbuf.nbytes)
+        others = sum(p.pinned() for p in self.comm.session.programs.values()
+                     if p is not self and p.__class__ is BoundProgram)
+        if others + scratch + arrays > self.budget:
+            self.tmp = None
+            return False
         if self.tmp is None:
-            nbytes = max(self.plan.tmp_count, 1) * self.dtype.itemsize
-            if self.comm.session.program_bytes() + nbytes > self.budget:
-                return False
             self.tmp = np.empty(max(self.plan.tmp_count, 1), self.dtype)
         return super()._rebind(sendbuf, recvbuf)
+
+    def pinned(self):
+        """Bytes this program's binding keeps alive: its scratch and the caller's arrays."""
+        bound = self.bound
+        if bound is None:
+            return 0
+        return self.tmp.nbytes + bound[0].nbytes + (0 if bound[1] is bound[0] else bound[1].nbytes)
 
     def nbytes(self):
         return 0 if self.tmp is None else self.tmp.nbytes

@@ -135,7 +135,42 @@ def test_the_budget_counts_what_binding_holds(comm, monkeypatch):
         collectives.allreduce(x, out, comm=comm, algorithm="recursive_doubling")
     held = collectives.library_memory(comm)["programs"]
     tmp_bytes = sum(p.plan.tmp_count * 4 for p in bound_programs(comm))
-    agree(N == 1 or (held == tmp_bytes > 0), f"programs hold {held} B, bound scratch is {tmp_bytes} B")
+    pinned = sum(p.pinned() for p in bound_programs(comm))
+    ok = N == 1 or (held == tmp_bytes > 0 and pinned == tmp_bytes + x.nbytes + out.nbytes)
+    agree(ok, f"programs hold {held} B, bound scratch is {tmp_bytes} B, bindings keep {pinned} B")
+
+
+@pytest.mark.parametrize("spare", [-1, 0])
+def test_the_budget_counts_the_callers_arrays_a_binding_keeps_alive(comm, monkeypatch, spare):
+    """A binding keeps the caller's arrays alive: they count against the budget with its scratch."""
+    if N == 1:
+        pytest.skip("one rank's plan has no scratch to budget")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
+    x = data(COUNTS[0], seed=6)
+    out = np.empty_like(x)
+    collectives.allreduce(x, out, comm=comm, algorithm="recursive_doubling")  # makes the program
+    program = next(p for p in comm.session.programs.values() if isinstance(p, BoundProgram))
+    monkeypatch.setattr(program, "budget", program.plan.tmp_count * 4 + x.nbytes + out.nbytes + spare)
+    for _ in range(3):
+        collectives.allreduce(x, out, comm=comm, algorithm="recursive_doubling")
+    agree((program.bound is not None) == (spare == 0), f"budget {program.budget} B: bound {program.bound is not None}")
+
+
+def test_the_last_pair_is_not_kept_alive(comm, monkeypatch):
+    """Arrays a call used once (unbound) are freed when the caller drops them."""
+    import gc
+    import weakref
+
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
+    x = data(COUNTS[0], seed=7)
+    out = np.empty_like(x)
+    collectives.allreduce(x, out, comm=comm, algorithm="ring")
+    other = data(COUNTS[1], seed=8)  # another program's call: the API's own memo of the last call forgets x, out
+    collectives.allreduce(other, np.empty_like(other), comm=comm, algorithm="ring")
+    gone = weakref.ref(x), weakref.ref(out)
+    del x, out
+    gc.collect()
+    agree(gone[0]() is None and gone[1]() is None, "a program kept the previous call's arrays alive")
 
 
 def test_without_the_guard_nothing_binds(monkeypatch):
