@@ -125,17 +125,32 @@ class Program:
             for call in bound[2]:
                 call()
             return
-        last = self.last
-        if last is not None and last[0] is sendbuf and last[1] is recvbuf and self._rebind(sendbuf, recvbuf):
-            for call in self.bound[2]:
-                call()
-            return
-        self.last = (sendbuf, recvbuf)
+        if not self._repeat(sendbuf, recvbuf):
+            self._unbound(sendbuf, recvbuf)
+
+    def _unbound(self, sendbuf, recvbuf):
+        """A call on buffers with no binding: through the work buffer, copies in and out."""
         work = self.work
         self.copyto(work, sendbuf.reshape(-1))
         for call in self.calls:
             call()
         self.copyto(recvbuf.reshape(-1), work)
+
+    def _repeat(self, sendbuf, recvbuf):
+        """The previous call's buffers again: bind to them and run (True); else remember them."""
+        if self._was_last(sendbuf, recvbuf) and self._rebind(sendbuf, recvbuf):
+            for call in self.bound[2]:
+                call()
+            return True
+        self._remember(sendbuf, recvbuf)
+        return False
+
+    def _was_last(self, sendbuf, recvbuf):
+        last = self.last
+        return last is not None and last[0] is sendbuf and last[1] is recvbuf
+
+    def _remember(self, sendbuf, recvbuf):
+        self.last = (sendbuf, recvbuf)
 
     def _rebind(self, sendbuf, recvbuf):
         """Bind to the caller's buffers; False (stay on the work buffer) if they partly overlap."""
@@ -176,18 +191,8 @@ class BoundProgram(Program):
         self.bound = None
         self.last = None
 
-    def __call__(self, sendbuf, recvbuf):
-        bound = self.bound
-        if bound is not None and bound[0] is sendbuf and bound[1] is recvbuf:
-            for call in bound[2]:
-                call()
-            return
-        last = self.last
-        if last is not None and last[0]() is sendbuf and last[1]() is recvbuf and self._rebind(sendbuf, recvbuf):
-            for call in self.bound[2]:
-                call()
-            return
-        self.last = (_weakref(sendbuf), _weakref(recvbuf))
+    def _unbound(self, sendbuf, recvbuf):
+        """A call on buffers with no binding: the executor, on the session's scratch."""
         flat_in = sendbuf.reshape(-1)
         flat_out = flat_in if recvbuf is sendbuf else recvbuf.reshape(-1)
         into = flat_out
@@ -198,6 +203,13 @@ class BoundProgram(Program):
         execute(plan, comm, flat_in, into, tmp, self.reduce_fn, self.final_fn, self.what, None, self.signature)
         if into is not flat_out:
             np.copyto(flat_out, into)
+
+    def _was_last(self, sendbuf, recvbuf):
+        last = self.last
+        return last is not None and last[0]() is sendbuf and last[1]() is recvbuf
+
+    def _remember(self, sendbuf, recvbuf):
+        self.last = (_weakref(sendbuf), _weakref(recvbuf))
 
     def _rebind(self, sendbuf, recvbuf):
         self.bound = None  # a binding to other arrays is stale: drop it (and what it keeps alive)
