@@ -48,12 +48,8 @@ def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=N
         for op in ops:
             kind = op[0]
             if kind == REDUCE:
-                parts = aligned_parts(op[1], op[2], op[3])
-                if parts is None:
-                    reduce_fn(op[2], op[3], out=op[1])
-                else:
-                    for out, a, b in parts:
-                        reduce_fn(a, b, out=out)
+                for out, a, b in aligned_parts(op[1], op[2], op[3]):
+                    reduce_fn(a, b, out=out)
             elif kind == COPY:
                 op[1][...] = op[2]
             else:  # FINAL (bound only where final_fn is given)
@@ -107,7 +103,7 @@ class Program:
             for op in ops:
                 kind = op[0]
                 if kind == REDUCE:
-                    for out, a, b in aligned_parts(op[1], op[2], op[3]) or ((op[1], op[2], op[3]),):
+                    for out, a, b in aligned_parts(op[1], op[2], op[3]):
                         if keyword_out:
                             calls.append(partial(reduce_fn, a, b, out=out))
                         else:  # a positional out= is the cheaper call

@@ -55,13 +55,14 @@ SPLIT_MIN_BYTES = 8 << 10  # smaller outputs stay whole (one more ufunc call cos
 
 
 def aligned_parts(out, a, b):
-    """The reduction ``out = a op b`` of flat NumPy arrays as two parts whose second one's output
-    starts on a 64-byte boundary (a head of a few elements, then the bulk), or None where it
-    stays whole: small, already aligned, not NumPy, or not alignable at its item size."""
+    """The reduction ``out = a op b`` of flat arrays as ``(out, a, b)`` parts to run in turn: two
+    for a NumPy output that straddles a 64-byte boundary (a head of a few elements, then the bulk,
+    whose output starts on the boundary), else the whole as one part (small, already aligned, not
+    NumPy, or not alignable at its item size)."""
     if out.nbytes < SPLIT_MIN_BYTES or out.__class__ is not np.ndarray:
-        return None
+        return ((out, a, b),)
     skew = -out.__array_interface__["data"][0] % STORE_ALIGN
     if not skew or skew % out.itemsize:
-        return None
+        return ((out, a, b),)
     k = skew // out.itemsize
     return (out[:k], a[:k], b[:k]), (out[k:], a[k:], b[k:])

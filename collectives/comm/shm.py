@@ -218,8 +218,8 @@ class ShmTransport:
             for op in ops:
                 kind = op[0]
                 if kind == REDUCE:
-                    whole = (_operand(bufs, None, op[1]), _operand(bufs, views, op[2]), _operand(bufs, views, op[3]))
-                    for out, left, right in aligned_parts(*whole) or (whole,):
+                    for out, left, right in aligned_parts(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]),
+                                                          _operand(bufs, views, op[3])):
                         reduce_fn(left, right, out=out)
                 elif kind == COPY:
                     np.copyto(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]))
