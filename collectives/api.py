@@ -152,9 +152,10 @@ PROGRAM_MAX_BYTES, BOUND_MAX_BYTES, BOUND_BUDGET = 16 << 10, 256 << 10, 32 << 20
 
 
 def _program(comm, plan, module, name, op, dtype, count, params, reduce_fn, final_fn, what):
-    nbytes, sig = count * dtype.itemsize, signature("allreduce", name, op, dtype, count, params)
+    nbytes = count * dtype.itemsize
     if not comm.prepares_steps or nbytes > (BOUND_MAX_BYTES if comm.signed else PROGRAM_MAX_BYTES):
         return None
+    sig = signature("allreduce", name, op, dtype, count, params)
     tag_key = sig if comm.signed else f"allreduce|{name}|{op}"
 
     def make():

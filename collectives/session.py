@@ -1,10 +1,11 @@
 """The session: everything the library holds for one communicator, freed with it.
 
 A communicator (``Communicator.session``) owns one: its prepared programs (small messages and
-mid-size calls bound to their buffers, over its transport), the call shapes a repeated call looks up, the executor's scratch (one buffer
-per backend and dtype, shared by every algorithm) and the shared windows of its shared-memory
-paths. Nothing of a communicator lives in module-level caches or in other modules' attributes on
-it: ``close()`` (run when the communicator is released) frees the windows and drops the rest.
+mid-size calls bound to their buffers, over its transport), the call shapes a repeated call
+looks up, the executor's scratch (one buffer per backend and dtype, shared by every algorithm)
+and the shared windows of its shared-memory paths. Nothing of a communicator lives in
+module-level caches or in other modules' attributes on it: ``close()`` (run when the
+communicator is released) frees the windows and drops the rest.
 
 Plans are pure data that depend on the call's shape (algorithm, world size, rank, count, item
 size, options), never on a communicator, so every session shares one bounded store of them:
@@ -65,14 +66,10 @@ class Session:
             buf = self.scratch[key] = backend.empty(max(count, 1), dtype)
         return buf
 
-    def program_bytes(self):
-        """Bytes the cached programs hold (work buffers and scratch of their own)."""
-        return sum(program.nbytes() for program in self.programs.values())
-
     def memory(self):
         """Bytes held: scratch, programs (with their count) and windows."""
         return {"scratch": sum(buf.nbytes for buf in self.scratch.values()),
-                "programs": self.program_bytes(),
+                "programs": sum(program.nbytes() for program in self.programs.values()),
                 "program_shapes": len(self.programs),
                 "windows": sum(w.nbytes_held() for w in self.windows.values())}
 
