@@ -3,13 +3,13 @@
 # MPI library's own MPI_Allreduce, in one run, rounds rotated, medians of the slowest rank:
 #   PYTHONPATH=. mpiexec -n 2 python benchmarks/results/bound_vs_executor.py [ALGORITHM] [BYTES ...]
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
 from collectives import api
+from benchmarks.allreduce_perf import time_batch
 
 world = MPI.COMM_WORLD
 algorithm = sys.argv[1] if len(sys.argv) > 1 else "recursive_doubling"
@@ -49,11 +49,7 @@ for nbytes in sizes:
                 run = rows[name]
                 if name in ("executor", "bound", "exec_inpl", "bnd_inpl"):
                     run = ours(name.replace("exec_inpl", "executor").replace("bnd_inpl", "bound"), "inpl" in name)
-                world.Barrier()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    run()
-                elapsed = world.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX)
+                elapsed = time_batch(world, run, calls)
                 if r:
                     times[name].append(elapsed * 1e6)
                 w[:] = x  # keep in-place values bounded

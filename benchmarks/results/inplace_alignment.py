@@ -6,12 +6,12 @@
 # runs np.add in place, whole or split at the output's first 64-byte (or 4096-byte) boundary.
 import os
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
+from benchmarks.allreduce_perf import time_batch
 
 if os.environ.get("NOBOUND"):
     collectives.api.BOUND_MAX_BYTES = 16384
@@ -62,11 +62,7 @@ with np.errstate(all="ignore"):
     for r in range(rounds):
         for k, (w, f) in rows.items():
             w[:] = x
-            c.Barrier()
-            t = time.perf_counter()
-            for _ in range(50):
-                f()
-            times[k].append(c.allreduce((time.perf_counter() - t) / 50, op=MPI.MAX))
+            times[k].append(time_batch(c, f, 50))
 if c.rank == 0:
     print("raw" if raw_loop else "ours", sys.argv[1], "in place, us:",
           "  ".join(f"{k}={np.median(v) * 1e6:.1f}" for k, v in times.items()))

@@ -1,13 +1,14 @@
 # In place, what a rank sends was written by its last reduction. Raw mpi4py loops (n=2, one
 # exchange then np.add) that differ only in how the sent buffer was last written, beside native
 # MPI_Allreduce in place; run with the library's single-copy path on and off:
-#   mpiexec -n 2 python benchmarks/results/inplace_cma.py BYTES
+#   PYTHONPATH=. mpiexec -n 2 python benchmarks/results/inplace_cma.py BYTES
 #   MPIR_CVAR_CH4_CMA_ENABLE=0 mpiexec ... (MPICH)   OMPI_MCA_smsc=^cma mpiexec ... (Open MPI)
 # A: np.add in place, then sent; B: added into scratch, copied back, sent; C: a copy sent;
 # G: a buffer np.copyto wrote; H: a buffer an out-of-place np.add wrote; U: never written.
-import sys, time
+import sys
 import numpy as np
 from mpi4py import MPI
+from benchmarks.allreduce_perf import time_batch
 c = MPI.COMM_WORLD; peer = 1 - c.rank
 n = int(sys.argv[1]) // 4
 rng = np.random.default_rng(c.rank)
@@ -42,8 +43,6 @@ with np.errstate(all="ignore"):
     for f in fns.values(): f()
     for _ in range(15):
         for k, f in fns.items():
-            c.Barrier(); t = time.perf_counter()
-            for _ in range(50): f()
-            times[k].append(c.allreduce((time.perf_counter() - t) / 50, op=MPI.MAX))
+            times[k].append(time_batch(c, f, 50))
 if c.rank == 0:
     print(sys.argv[1], "  ".join(f"{k}={np.median(v)*1e6:.1f}" for k, v in times.items()))

@@ -11,6 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+from benchmarks.allreduce_perf import time_batch
 
 if os.environ.get("PMAX"):
     collectives.api.PROGRAM_MAX_BYTES = int(os.environ["PMAX"])
@@ -51,11 +52,7 @@ with np.errstate(all="ignore"):
         f()
     for _ in range(15):
         for k, f in fns.items():
-            c.Barrier()
-            start = time.perf_counter()
-            for _ in range(50):
-                f()
-            times[k].append(c.allreduce((time.perf_counter() - start) / 50, op=MPI.MAX))
+            times[k].append(time_batch(c, f, 50))
 if c.rank == 0:
     print(" ".join(MPI.Get_library_version().split()[:3]), sys.argv[1], "B, us:",
           "  ".join(f"{k}={np.median(v) * 1e6:.1f}" for k, v in times.items()))
