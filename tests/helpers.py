@@ -77,3 +77,30 @@ def bitwise_alike(world, y):
     """Under MPI: whether every rank of ``world`` holds the same bytes in ``y``."""
     digests = world.allgather(np.ascontiguousarray(y).tobytes())
     return all(d == digests[0] for d in digests)
+
+
+def at(offset, count, dtype=np.float32):
+    """``count`` items starting ``offset`` bytes past a 64-byte boundary (NumPy's own arrays here
+    start 16 or 48 bytes past one)."""
+    align = 64
+    raw = np.empty(count * np.dtype(dtype).itemsize + 2 * align, np.uint8)
+    start = -raw.ctypes.data % align + offset
+    return raw[start:start + count * np.dtype(dtype).itemsize].view(dtype)
+
+
+def reduction_spy(monkeypatch, api):
+    """Every reduction the library runs from here on, as (output address, bytes): ``api._ufuncs``
+    wrapped for the test (``monkeypatch`` undoes it; call ``collectives.clear_caches()`` after, so
+    that no memo keeps the wrapper)."""
+    real, outs = api._ufuncs, []
+
+    def spied(*args):
+        fn, final = real(*args)
+
+        def reduce_fn(a, b, out):
+            outs.append((out.__array_interface__["data"][0], out.nbytes))
+            return fn(a, b, out=out)
+        return reduce_fn, final
+    monkeypatch.setattr(api, "_ufuncs", spied)
+    collectives.clear_caches()  # no memo holds the unspied ufunc
+    return outs

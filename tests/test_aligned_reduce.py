@@ -4,13 +4,7 @@ import numpy as np
 import pytest
 
 from collectives.ops import SPLIT_MIN_BYTES, STORE_ALIGN, aligned_parts
-
-
-def at(offset, count, dtype=np.float32):
-    """``count`` items starting ``offset`` bytes past a 64-byte boundary."""
-    raw = np.empty(count * np.dtype(dtype).itemsize + 2 * STORE_ALIGN, np.uint8)
-    start = -raw.ctypes.data % STORE_ALIGN + offset
-    return raw[start:start + count * np.dtype(dtype).itemsize].view(dtype)
+from tests.helpers import at, reduction_spy
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
@@ -57,3 +51,26 @@ def test_what_stays_whole():
     # not a NumPy array (CuPy's arrays go whole)
     view = memoryview(bytearray(SPLIT_MIN_BYTES))
     assert whole(view, None, None)
+
+
+def test_the_executor_stores_a_reductions_bulk_aligned(monkeypatch):
+    """On a buffer 16 bytes past a cache line (as NumPy allocates), every reduction's output but a
+    head of under 64 bytes starts on a 64-byte boundary, and the result is the sum."""
+    import collectives
+    from collectives import api
+
+    outs = reduction_spy(monkeypatch, api)
+    count = 4 * SPLIT_MIN_BYTES // 4
+
+    def body(comm):
+        x = at(16, count)
+        x[...] = comm.rank + 1
+        collectives.allreduce(x, x, comm=comm, algorithm="recursive_doubling")
+        return x.copy()
+    try:
+        results = collectives.run_threaded(2, body)
+    finally:
+        collectives.clear_caches()
+    assert all((r == 3).all() for r in results)
+    bulk = [(address, nbytes) for address, nbytes in outs if nbytes >= STORE_ALIGN]
+    assert bulk and all(address % STORE_ALIGN == 0 for address, _ in bulk), outs

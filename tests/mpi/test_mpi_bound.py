@@ -189,3 +189,35 @@ def test_without_the_guard_nothing_binds(monkeypatch):
         agree(ok, f"unsigned calls made programs {list(comm.session.programs)} or a wrong result")
     finally:
         mpi_comm.Free()
+
+
+@pytest.mark.parametrize("transport", ["mpi", "shm"])
+def test_bound_and_shared_memory_reductions_store_their_bulk_aligned(comm, monkeypatch, transport):
+    """On buffers 16 bytes past a cache line, a bound program's reductions (over MPI) and the
+    shared-memory transport's write every output but a head of under 64 bytes from a 64-byte
+    boundary, with the executor's bytes."""
+    from collectives.comm import shm as shm_transport
+    from tests.helpers import at, reduction_spy
+
+    if N == 1 or (transport == "shm" and not shm_transport.available(comm)):
+        pytest.skip("one rank reduces nothing; shared memory needs two ranks on a node")
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
+    outs = reduction_spy(monkeypatch, api)
+    count = COUNTS[0]
+    x = data(count, seed=9)
+    expected = collectives.allreduce(x, comm=comm, algorithm="recursive_doubling", transport=transport)
+    w = at(16, count)
+    try:
+        for _ in range(3):  # over MPI the second call binds, the third runs bound
+            w[...] = x
+            del outs[:]
+            collectives.allreduce(w, w, comm=comm, algorithm="recursive_doubling", transport=transport)
+        bound = bool(bound_programs(comm))
+    finally:
+        collectives.clear_caches()
+    bulk = [(address, nbytes) for address, nbytes in outs if nbytes >= 64]
+    # (a rank that folds its data into a peer's, n=3, reduces nothing itself)
+    ok = WORLD.allreduce(bool(bulk), op=MPI.LOR) and all(address % 64 == 0 for address, _ in bulk) \
+        and np.array_equal(w, expected)
+    ok &= transport == "shm" or bound
+    agree(ok, f"reductions {outs}, bound {bound}, same bytes {np.array_equal(w, expected)}")
