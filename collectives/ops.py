@@ -48,8 +48,9 @@ def check_op_dtype(op, dtype):
 # line and its loops do not align their stores, so every 64-byte store straddles two lines; a peer
 # that reads that output next (the next step's message, or in place the next call's, through MPI's
 # single-copy path or shared memory) then took twice as long as after aligned stores. Splitting the
-# reduction at the output's first 64-byte boundary keeps its bulk aligned: n=2, in place, MPICH,
-# 64 KiB 68 -> 32 us, 128 KiB 99 -> 45, 256 KiB 184 -> 77 (benchmarks/results/inplace-cma-alignment.txt).
+# reduction at the output's first 64-byte boundary keeps its bulk aligned: n=2, in place, MPICH, a raw
+# loop whole against split in one run, 64 KiB 68 -> 32 us, 128 KiB 99 -> 45, 256 KiB 184 -> 77
+# (benchmarks/results/shm-small-calibration-2026-12-05.txt; inplace_alignment.py BYTES raw).
 STORE_ALIGN = 64
 SPLIT_MIN_BYTES = 8 << 10  # smaller outputs stay whole (one more ufunc call costs about 0.5 us)
 
