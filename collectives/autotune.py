@@ -12,7 +12,7 @@ How:
 - On a communicator's first ``auto`` call of a bucket its ranks agree on rank 0's stored pick
   (one tiny all-reduce; stores on different ranks may differ). Where rank 0 has none, every rank
   measures the same candidates: every algorithm over MPI (but two_level, the ring on one node)
-  and the shared-memory cost model's best three over shared memory. They run on the caller's own
+  and the shared-memory cost model's best four over shared memory. They run on the caller's own
   buffers (at most their first 32 MiB; in place, the data is restored afterwards) in batches of
   back-to-back calls (about 5 ms; at least 2 calls where a call is shorter), the slowest rank's
   time counting: after an untimed round (for calls under 5 ms), three rotated rounds screen every
@@ -47,7 +47,7 @@ from .config import cache_file
 from .model import ALPHA_NODE_STEP
 
 FORMAT = "collectives-autotune-1"
-SHM_CANDIDATES = 3
+SHM_CANDIDATES = 4
 MEASURE_MAX_BYTES = 32 << 20  # larger calls share one bucket, measured on this much of their data
 SCREEN_ROUNDS = 3  # every candidate
 FINALISTS = 3  # the fastest of the screening, measured again
