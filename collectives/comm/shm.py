@@ -146,7 +146,7 @@ class ShmTransport:
         in_at = self.shared.locate(inbuf)
         out_at = in_at if in_place else self.shared.locate(outbuf)
         flags |= (F_IN_SHARED if in_at is not None else 0) | (F_OUT_SHARED if out_at is not None else 0)
-        layout, mapped = self.layouts.of(plan, itemsize, flags, plans_of)
+        steps = self.layouts.call(plan, itemsize, flags, final_fn is not None, plans_of)
         call = self.calls + 1
         self.what = what  # the call's name, which a mismatch names (a wait names its step)
         signed = self.signatures.get(signature)
@@ -159,61 +159,50 @@ class ShmTransport:
         # the staging of the last call may still be read: wait for its readers to finish it
         if self.readers:
             self._wait_done(self.readers, call - 1, what, limit, sig, tag)
-        need = self.layouts.bound(plan, plans_of, itemsize)
-        need = need if need > self.capacity else 0
-        self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf, layout.direct)
+        need = steps.need if steps.need > self.capacity else 0
+        self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf, steps.direct)
         base = call << 32
         self.header[PROGRESS] = base  # this call has begun: its fields can be compared
         if need:
             self._agree_and_grow(need, sig, call, what, limit)
-            self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf, layout.direct)  # the new window
+            self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf, steps.direct)  # the new window
             self.header[PROGRESS] = base
         header = self.header
         self.calls = call
         bufs = (inbuf, outbuf, tmpbuf)
         mine = self.staging[self.node_index[me]]
-        sources = {}  # (peer, chan) -> [messages taken so far, the sender's layout]
-        readers = set()
-        on_node = self.node_index
-        # the plan bound once to (IN/OUT/TMP, lo, hi) regions (a local operation may read a region of
-        # TMP from a peer's memory); on-node sends are the layout's (where each lies: staged, direct, cma)
-        for index, sends, recvs, ops in self.layouts.binding(plan, in_place, final_fn is not None):
+        mine = mine[:mine.size - mine.size % itemsize].view(dtype)  # staging offsets are in elements
+        sources = {}  # (peer, chan) -> [messages taken so far, the sender's messages, its header]
+        # the plan's steps as shm_layout.Call worked them out: regions (IN/OUT/TMP, lo, hi), messages
+        # to other hosts (MPI), staged sends, receives from this node (a mapped one is read in place)
+        for index, far_recvs, far_sends, staged, near, ops, label in steps.steps:
             # messages to other hosts: MPI, posted first
-            requests = []
-            for peer, region, chan in recvs:
-                if peer not in on_node:
-                    requests.append(comm.irecv(_operand(bufs, None, region), peer, tag + chan))
-            for peer, region, chan in sends:
-                if peer not in on_node:
-                    requests.append(comm.isend(_operand(bufs, None, region), peer, tag + chan))
+            requests = None
+            if far_recvs or far_sends:
+                requests = [comm.irecv(_operand(bufs, None, region), peer, tag + chan) for region, peer, chan in far_recvs]
+                requests += [comm.isend(_operand(bufs, None, region), peer, tag + chan) for region, peer, chan in far_sends]
             # shared-memory sends: stage what is not read in place, then publish the step
-            for peer, b, lo, hi, chan, mode, offset in layout.sends[index]:
-                readers.add(peer)
-                if mode == STAGED:
-                    n = (hi - lo) * itemsize
-                    np.copyto(mine[offset:offset + n].view(dtype), bufs[b][lo:hi])
+            for b, lo, hi, at in staged:
+                np.copyto(mine[at:at + hi - lo], bufs[b][lo:hi])
             if _FENCE:
                 self.window.Sync()
             header[PROGRESS] = base | (index + 1)
             # shared-memory receives: wait for the sender's step, then copy or map
             views = None
-            pending = [(r, m) for r, m in enumerate(recvs) if m[0] in on_node]
-            if pending or requests:
-                at = f"{what} step {index + 1}/{len(plan.steps)}"  # as the executor names a step
-            if pending:
-                self._wait_steps(pending, sources, plans_of, itemsize, call, sig, at, limit, tag, requests)
-                for r, (peer, region, chan) in pending:
+            if near:
+                self._wait_steps(near, sources, plans_of, itemsize, call, sig, what + label, limit, tag, requests)
+                for peer, region, chan, mapped in near:
                     source = self._source(sources, peer, chan, dtype)
                     if source.__class__ is tuple:  # cross-memory attach: one copy out of the peer
                         _cma.read(source[0], source[1], _operand(bufs, None, region))
-                    elif (index, r) in mapped:
+                    elif mapped:
                         if views is None:
                             views = []
                         views.append((region[1], region[2], source))
                     else:
                         np.copyto(_operand(bufs, None, region), source)
             if requests:
-                comm.waitall(requests, at)
+                comm.waitall(requests, what + label)
             # local operations, reading mapped receives from the peer's memory
             for op in ops:
                 kind = op[0]
@@ -228,8 +217,8 @@ class ShmTransport:
         if _FENCE:
             self.window.Sync()
         header[DONE] = call
-        self.readers = tuple(sorted(readers))
-        if layout.direct:  # the caller may write its shared array next: its readers must be done
+        self.readers = steps.readers
+        if steps.direct:  # the caller may write its shared array next: its readers must be done
             self._wait_done(self.readers, call, what, limit, sig, tag)
 
     def _publish_call(self, fields, sig, flags, in_at, out_at, inbuf, outbuf, direct):
@@ -247,7 +236,7 @@ class ShmTransport:
 
     def _source(self, sources, peer, chan, dtype):
         entry = sources[(peer, chan)]
-        taken, messages, at = entry
+        taken, messages, h = entry
         entry[0] = taken + 1
         _, _, b, lo, hi, _, mode, offset = messages[taken]
         index = self.node_index[peer]
@@ -255,17 +244,18 @@ class ShmTransport:
             n = (hi - lo) * dtype.itemsize
             return self.staging[index][offset:offset + n].view(dtype)
         if mode == CMA:  # (pid, address): read by the caller
-            return at["pid"], at["address"][b] + lo * dtype.itemsize
-        ident, start = at[b]
+            return int(h[PID]), int(h[IN_ADDRESS if b == IN else OUT_ADDRESS]) + lo * dtype.itemsize
+        ident, start = (int(h[IN_ARRAY]), int(h[IN_OFFSET])) if b == IN else (int(h[OUT_ARRAY]), int(h[OUT_OFFSET]))
         part = self.shared.arrays[ident].parts[index]
         return part[start + lo * dtype.itemsize:start + hi * dtype.itemsize].view(dtype)
 
-    def _wait_steps(self, pending, sources, plans_of, itemsize, call, sig, what, limit, tag, requests):
-        """Wait until each pending receive's sender has published the step that sends it."""
+    def _wait_steps(self, near, sources, plans_of, itemsize, call, sig, what, limit, tag, requests):
+        """Wait until the sender of each of a step's receives from this node (``near``: (peer, region,
+        chan, mapped)) has published the step that sends it."""
         needs = {}
         me = self.comm.rank
         counts = {}
-        for _, (peer, _, chan) in pending:
+        for peer, _, chan, _ in near:
             entry = sources.get((peer, chan))
             if entry is None:
                 entry = sources[(peer, chan)] = self._sender(peer, chan, plans_of, itemsize, call, sig, what,
@@ -281,15 +271,12 @@ class ShmTransport:
         self._wait(needs, call, sig, what, limit, tag, requests)
 
     def _sender(self, peer, chan, plans_of, itemsize, call, sig, what, limit, tag, me):
-        """[messages taken, the peer's messages to this rank on ``chan``, where its shared IN/OUT lie],
-        once the peer's header names this call."""
+        """[messages taken, the peer's messages to this rank on ``chan``, the peer's header (where its
+        buffers lie: it holds this call's fields until this rank is done)], once the header names this call."""
         self._wait({peer: call << 32}, call, sig, what, limit, tag, ())
         h = self.headers[self.node_index[peer]]
-        flags = int(h[FLAGS])
-        layout, _ = self.layouts.of(plans_of(peer), itemsize, flags, plans_of)
-        at = {IN: (int(h[IN_ARRAY]), int(h[IN_OFFSET])), OUT: (int(h[OUT_ARRAY]), int(h[OUT_OFFSET])),
-              "pid": int(h[PID]), "address": {IN: int(h[IN_ADDRESS]), OUT: int(h[OUT_ADDRESS])}}
-        return [0, layout.to.get((me, chan), []), at]
+        layout, _ = self.layouts.of(plans_of(peer), itemsize, int(h[FLAGS]), plans_of)
+        return [0, layout.to.get((me, chan), []), h]
 
     def _wait(self, needs, call, sig, what, limit, tag, requests):
         """Poll the peers' PROGRESS counters up to ``needs`` (and MPI ``requests``), bounded."""

@@ -216,6 +216,7 @@ class Layouts:
         self.receives = {}  # plan id -> (plan, (receive order, mapped receives))
         self.bounds = {}  # (plan id, item size) -> (plan, staging bytes the call needs on any node rank)
         self.bindings = {}  # (plan id, in place, finals) -> (plan, its binding to named regions)
+        self.calls = {}  # (plan id, item size, flags, finals) -> (plan, Call)
 
     def of(self, plan, itemsize, flags, plans_of):
         """(SendLayout of ``plan`` under ``flags``, the receives ``plan``'s rank maps)."""
@@ -231,6 +232,11 @@ class Layouts:
         layout = SendLayout(plan, itemsize, self.on_node, bool(flags & F_IN_SHARED), bool(flags & F_OUT_SHARED),
                             bool(flags & F_IN_PLACE), bool(flags & F_CMA), receiver_maps)
         return layout, self._receives(plan)[1]
+
+    def call(self, plan, itemsize, flags, finals, plans_of):
+        """The ``Call`` that runs ``plan`` under ``flags``: worked out on its first call, kept."""
+        return _kept(self.calls, (id(plan), itemsize, flags, finals), plan, Call, self, plan, itemsize, flags,
+                     finals, plans_of)
 
     def binding(self, plan, in_place, finals):
         """``plan`` bound (``collectives.binding.bind``) to regions named ``(IN/OUT/TMP, lo, hi)``:
@@ -251,3 +257,34 @@ class Layouts:
 
     def _bound(self, plans_of, itemsize):
         return max(staging_bound(plans_of(peer), itemsize, self.on_node) for peer in self.node_ranks)
+
+
+class Call:
+    """What one rank's call does at each step, worked out once per plan and flags, so that a call
+    runs through it with no decisions left: ``steps`` as ``(index, far receives, far sends,
+    staged sends, near receives, local operations, label)`` with messages to other hosts
+    ``(region, peer, chan)``, staged sends ``(buf, lo, hi, element offset into staging)``, receives
+    from this node ``(peer, region, chan, mapped)`` and ``label`` the step as errors name it;
+    ``readers``: the node peers that read this rank's memory; ``direct``: whether they read the
+    caller's own buffers; ``need``: the staging bytes the call needs on any node rank."""
+
+    __slots__ = ("steps", "readers", "direct", "need")
+
+    def __init__(self, layouts, plan, itemsize, flags, finals, plans_of):
+        layout, mapped = layouts.of(plan, itemsize, flags, plans_of)
+        near = layouts.on_node
+        total = len(plan.steps)
+        self.steps = []
+        for index, sends, recvs, ops in layouts.binding(plan, bool(flags & F_IN_PLACE), finals):
+            self.steps.append((
+                index,
+                tuple((region, peer, chan) for peer, region, chan in recvs if not near(peer)),
+                tuple((region, peer, chan) for peer, region, chan in sends if not near(peer)),
+                tuple((buf, lo, hi, offset // itemsize)
+                      for _, buf, lo, hi, _, mode, offset in layout.sends[index] if mode == STAGED),
+                tuple((peer, region, chan, (index, r) in mapped)
+                      for r, (peer, region, chan) in enumerate(recvs) if near(peer)),
+                ops, f" step {index + 1}/{total}"))
+        self.readers = tuple(sorted({entry[0] for entries in layout.sends for entry in entries}))
+        self.direct = layout.direct
+        self.need = layouts.bound(plan, plans_of, itemsize)
