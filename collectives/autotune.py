@@ -26,7 +26,7 @@ How:
   hosts, the threaded world, a named transport, ``iallreduce`` and compression leave to it.
 
 Cost: the first call of a bucket (measured here, benchmarks/results/first_call_cost.py) takes
-0.26-0.41 s up to 1 MiB at n=2 and n=4, and 0.6-0.7 s (n=2) or 2.5-2.9 s (n=4 on 2 cores) from
+0.24-0.51 s up to 1 MiB at n=2 and n=4, and 0.6-0.7 s (n=2) or 2.5-3.4 s (n=4 on 2 cores) from
 32 MiB; in place it holds a copy of at most 32 MiB
 of the call's data meanwhile. Limits: a pick holds for the machine's state when it was measured
 (delete the file, or run ``collectives.tune``, to measure again). A call
