@@ -10,12 +10,13 @@ an untimed call before each batch), so figures of the two trees are compared her
 """
 import os
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
+from benchmarks.allreduce_perf import time_batch  # the same loop in f00f99f's tree
+from collectives.cli import parse_size
 
 comm = MPI.COMM_WORLD
 ROUNDS = int(os.environ.get("AB_ROUNDS", "9"))
@@ -25,20 +26,9 @@ if os.environ.get("AB_TRANSPORT"):
     NAMED["transport"] = os.environ["AB_TRANSPORT"]
 
 
-def size_of(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
 def batch(fn, calls):
     fn()  # untimed: the row's buffers back in the caches
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = np.array([time.perf_counter() - start])
-    comm.Allreduce(MPI.IN_PLACE, elapsed, op=MPI.MAX)
-    return elapsed[0] / calls
+    return time_batch(comm, fn, calls)
 
 
 def rows_for(nbytes):
@@ -55,7 +45,7 @@ def rows_for(nbytes):
 
 tree = os.path.basename(os.getcwd())
 for text in sys.argv[1].split(","):
-    nbytes = size_of(text)
+    nbytes = parse_size(text)
     rows = rows_for(nbytes)
     for fn in rows.values():  # warm up (auto calibrates here on first use)
         for _ in range(3):

@@ -3,32 +3,23 @@ time against the second's, per size, out of place then in place. Run with a fres
   COLLECTIVES_AUTOTUNE_FILE=/tmp/x.json mpiexec -n 2 python benchmarks/results/first_call_cost.py 8,32K,1M,32M
 """
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
+from benchmarks.allreduce_perf import time_batch
+from collectives.cli import parse_size
 
 comm = MPI.COMM_WORLD
 
 
-def size_of(text):
-    units = {"K": 1 << 10, "M": 1 << 20}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
 def timed(fn):
-    comm.Barrier()
-    start = time.perf_counter()
-    fn()
-    elapsed = np.array([time.perf_counter() - start])
-    comm.Allreduce(MPI.IN_PLACE, elapsed, op=MPI.MAX)
-    return elapsed[0]
+    return time_batch(comm, fn, 1)
 
 
 for text in sys.argv[1].split(","):
-    nbytes = size_of(text)
+    nbytes = parse_size(text)
     send = np.ones(nbytes // 4, np.float32)
     recv = np.empty_like(send)
     cells = []
