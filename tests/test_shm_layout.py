@@ -41,14 +41,26 @@ def test_a_call_holds_every_message_of_its_plan_once_where_the_layout_puts_it(na
         assert [(p, region, c) for p, region, c, _ in near] == [(m[0], tuple(m[1:4]), m[4]) for _, m in on_node]
         assert [is_mapped for *_, is_mapped in near] == [(index, r) in mapped for r, _ in on_node]
         assert all(region[0] == TMP for _, region, _, is_mapped in near if is_mapped)
-        # staged sends at the layout's byte offsets, as elements
-        want = [(b, lo, hi, offset // 4) for _, b, lo, hi, _, mode, offset in layout.sends[index] if mode == STAGED]
-        assert list(staged) == want and all(offset % shm_layout.ALIGN == 0 for *_, offset in
-                                            (e for e in layout.sends[index] if e[5] == STAGED))
+        # staged regions at the layout's byte offsets, as elements, each copied once: a region the step
+        # sends to several peers shares one offset, and distinct regions never overlap
+        sent = [(b, lo, hi, offset) for _, b, lo, hi, _, mode, offset in layout.sends[index] if mode == STAGED]
+        assert len({(b, lo, hi) for b, lo, hi, _ in sent}) == len({offset for *_, offset in sent})
+        assert [(b, lo, hi, offset * 4) for b, lo, hi, offset in staged] == list(dict.fromkeys(sent))
+        assert all(offset % shm_layout.ALIGN == 0 for *_, offset in sent)
+        spans = sorted((offset, offset + (hi - lo) * 4) for _, lo, hi, offset in set(sent))
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
     assert call.readers == tuple(sorted({m[0] for s in plan.steps for m in s.sends if m[0] in node_ranks}))
     assert call.direct is False  # ordinary buffers, no cross-memory attach: everything staged
     assert call.need == max(shm_layout.staging_bound(p, 4, set(node_ranks).__contains__) for p in every
                             if p.rank in node_ranks)
+
+
+def test_the_direct_plan_stages_its_reduced_chunk_once_for_all_its_readers():
+    every = plans("shm", 4, 4096)
+    layout, _ = Layouts([0, 1, 2, 3]).of(every[0], 4, 0, every.__getitem__)
+    offsets = {offset for *_, offset in layout.sends[1]}  # step 2: the reduced chunk to each peer
+    assert len(layout.sends[1]) == 3 and len(offsets) == 1
+    assert layout.staged_bytes == 4 * 1024 * 4  # three chunks out in step 1, one back in step 2
 
 
 def test_a_call_is_made_again_for_other_flags_and_for_a_new_plan():

@@ -5,8 +5,9 @@ says so. This module decides, from one rank's plan alone, where each message wil
 receiver that builds its sender's plan (plans are pure functions of the call's shape) knows
 where to look with no descriptor exchanged at run time:
 
-- a *staged* send is copied into the sender's staging area, every staged send of a call at its
-  own 64-byte aligned offset (offsets in plan order, never reused within a call);
+- a *staged* send is copied into the sender's staging area, every staged region of a call at its
+  own 64-byte aligned offset (offsets in plan order, never reused within a call; a region one
+  step sends to several peers is staged once, and they all read it there);
 - a *direct* send is read by the receiver straight from the sender's buffer, when that buffer
   is a shared array (``collectives.empty``) and the plan never writes the sent region again in
   this call (from the send's own step on): IN of an out-of-place call always qualifies;
@@ -89,6 +90,7 @@ class SendLayout:
         self.direct = False
         for index, step in enumerate(plan.steps):
             entries = []
+            staged = {}  # (buf, lo, hi) -> offset: a region a step sends to several peers is staged once
             for peer, buf, lo, hi, chan in step.sends:
                 if not on_node(peer):
                     continue
@@ -101,8 +103,11 @@ class SendLayout:
                         (buf == IN and not in_place) or _unwritten_from(plan, index, buf, lo, hi, same)):
                     entry = (peer, buf, lo, hi, chan, DIRECT if shared[buf] else CMA, 0)
                     self.direct = True
+                elif (buf, lo, hi) in staged:
+                    entry = (peer, buf, lo, hi, chan, STAGED, staged[(buf, lo, hi)])
                 else:
                     entry = (peer, buf, lo, hi, chan, STAGED, offset)
+                    staged[(buf, lo, hi)] = offset
                     offset += -(-(hi - lo) * itemsize // ALIGN) * ALIGN
                 entries.append(entry)
                 self.to.setdefault((peer, chan), []).append((index,) + entry)
@@ -280,8 +285,8 @@ class Call:
                 index,
                 tuple((region, peer, chan) for peer, region, chan in recvs if not near(peer)),
                 tuple((region, peer, chan) for peer, region, chan in sends if not near(peer)),
-                tuple((buf, lo, hi, offset // itemsize)
-                      for _, buf, lo, hi, _, mode, offset in layout.sends[index] if mode == STAGED),
+                tuple({offset: (buf, lo, hi, offset // itemsize)  # one copy per staged region
+                       for _, buf, lo, hi, _, mode, offset in layout.sends[index] if mode == STAGED}.values()),
                 tuple((peer, region, chan, (index, r) in mapped)
                       for r, (peer, region, chan) in enumerate(recvs) if near(peer)),
                 ops, f" step {index + 1}/{total}"))
