@@ -209,16 +209,19 @@ def time_batch(comm, fn, iters):
 
 
 def timed_rounds(args, runners, times, per_round, comm):
-    """Every round visits every algorithm (interleaved), out of place then in place. Each round
-    starts one algorithm further along, so no algorithm always runs right after native (with more
-    ranks than cores, the batch after MPI_Allreduce's busy-polling measured about 10% slower).
+    """Every round visits every algorithm (interleaved), out of place then in place, each round in
+    another order (``autotune.round_order``: the same on every rank), so that no row always runs
+    right after the same one: with more ranks than cores the batch after MPI_Allreduce's
+    busy-polling measured about 10% slower, and at n=2, 32 MiB the row after native's took 1.2x
+    the time of the same pair elsewhere (a rotation, as here before, kept every row's predecessor).
     Each batch follows one untimed call of its own: with many rows and few calls a batch, a
     batch started on buffers the other rows had pushed out of the caches, which spread the rows
     2-3x at 64 KiB - 4 MiB against back-to-back calls."""
+    from collectives.autotune import round_order
+
     names = list(runners)
     for round_index in range(max(1, args.rounds)):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in (names[i] for i in round_order(len(names), round_index)):
             oop, ip = runners[name]
             if name == "auto+check":
                 os.environ["COLLECTIVES_CHECK"] = "1"

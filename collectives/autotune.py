@@ -15,7 +15,7 @@ How:
   and the shared-memory cost model's best four over shared memory. They run on the caller's own
   buffers (at most their first 32 MiB; in place, the data is restored afterwards) in batches of
   back-to-back calls (about 5 ms; at least 2 calls where a call is shorter), the slowest rank's
-  time counting: after an untimed round (for calls under 5 ms), three rotated rounds screen every
+  time counting: after an untimed round (for calls under 5 ms), three rounds (each in its own order) screen every
   pair, and seven more decide between the three fastest. A pair's figure is its median round; the first finalist in candidate order within 3%
   of the fastest wins. Every rank has the same figures, so the same pick.
 - Rank 0 stores the winner with its figures in ``~/.cache/collectives/autotune.json``
@@ -220,7 +220,7 @@ def _comm_key(comm, dtype, nbytes, in_place, shared):
 
 def measure(comm, sendbuf, recvbuf, pairs, allreduce, barrier):
     """({finalist: seconds per call}, {pair: seconds per call, screening}), the same figures on
-    every rank. Screening: every pair in SCREEN_ROUNDS rotated rounds; final: the FINALISTS
+    every rank. Screening: every pair in SCREEN_ROUNDS rounds, each in its own order; final: the FINALISTS
     fastest of them in FINAL_ROUNDS more. A round is one batch of back-to-back calls per pair,
     timed after a barrier, the slowest rank's time counting; a pair's figure is its median round.
     Runs on the caller's own buffers where they are contiguous (at most MEASURE_MAX_BYTES of
@@ -290,12 +290,22 @@ def _batches(pairs, seconds):
             for pair, t in zip(pairs, seconds)}
 
 
+def round_order(count, round_index):
+    """The order of ``count`` rows in timed round ``round_index``: as given in round 0, then a
+    shuffle seeded by the round (the same on every rank). A rotation keeps each row's predecessor
+    in every round, and what ran before a batch moves it: at n=2, 32 MiB, whichever row followed
+    MPI_Allreduce's took 1.2x the time of the same pair elsewhere (benchmarks/RESULTS.md, "The
+    row after native"), so every round gives each row another neighbour."""
+    if round_index == 0:
+        return list(range(count))
+    return [int(i) for i in np.random.default_rng(round_index).permutation(count)]
+
+
 def _rounds(comm, pairs, calls, rounds, run, allreduce, barrier):
-    """{pair: median over ``rounds`` rotated rounds of the slowest rank's seconds per call}."""
+    """{pair: median over ``rounds`` rounds, each in its own order, of the slowest rank's seconds per call}."""
     times = np.zeros((rounds, len(pairs)))
     for round_index in range(rounds):
-        shift = round_index * len(pairs) // rounds
-        for index in list(range(shift, len(pairs))) + list(range(shift)):
+        for index in round_order(len(pairs), round_index):
             barrier(comm)
             start = time.perf_counter()
             for _ in range(calls[pairs[index]]):

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from . import mpilib, tuning
+from .autotune import round_order
 from .cli import parse_size
 from .algorithms import names as _algorithm_names
 from .plugins import add_load_option, load_files
@@ -135,14 +136,12 @@ def tune(comm, args, log=print):
         times = {(count, name): [] for count in counts for name in candidates}
         names = list(candidates)
         for round_index in range(args.rounds):
-            # each round starts at another size and algorithm: the batch that follows the largest
-            # size (or comes first after a barrier) ran slow at n=4 on 2 cores, and no size or
-            # algorithm should take that place in every round
-            size_shift = round_index * len(counts) // args.rounds
-            for count in counts[size_shift:] + counts[:size_shift]:
+            # each round visits sizes and algorithms in another order (autotune.round_order): the
+            # batch that follows the largest size (or comes first after a barrier) ran slow at n=4
+            # on 2 cores, and what runs before a batch moves it, so no row keeps one neighbour
+            for count in (counts[i] for i in round_order(len(counts), round_index)):
                 sendbuf, recvbuf = buffers[count]
-                name_shift = round_index % len(names)
-                for name in names[name_shift:] + names[:name_shift]:
+                for name in (names[i] for i in round_order(len(names), round_index)):
                     times[count, name].append(measure(comm, name, sendbuf, recvbuf, iters[count, name]))
             if root:
                 log(f"# round {round_index + 1} of {args.rounds} done")

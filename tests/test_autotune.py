@@ -57,6 +57,18 @@ def test_recursive_doubling_is_screened_over_shared_memory_at_n2_from_512_kib():
         assert ("recursive_doubling", "shm") in autotune.candidates(2, nbytes, 4, shm=True)
 
 
+def test_every_timed_round_visits_every_row_once_and_rows_change_neighbours():
+    """A rotation kept each row's predecessor in every round, and the row after native's batch
+    ran 1.2x slow at 32 MiB (benchmarks/RESULTS.md, "The row after native")."""
+    for count in (2, 5, 16):
+        orders = [autotune.round_order(count, r) for r in range(7)]
+        assert orders[0] == list(range(count)) and all(sorted(o) == list(range(count)) for o in orders)
+        assert orders == [autotune.round_order(count, r) for r in range(7)]  # every rank alike
+        if count > 2:
+            before = {(o[i - 1], o[i]) for o in orders for i in range(1, count)}
+            assert all(len({a for a, b in before if b == row}) > 1 for row in range(count) if row != 0)
+
+
 def test_the_fastest_pair_wins_and_near_ties_go_to_the_first_in_candidate_order():
     assert autotune.fastest({("a", "mpi"): 2.0, ("b", "mpi"): 1.0, ("c", "shm"): 1.5}) == ("b", "mpi")
     assert autotune.fastest({("a", "mpi"): 1.02, ("b", "mpi"): 1.0}) == ("a", "mpi")

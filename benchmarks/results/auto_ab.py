@@ -55,7 +55,8 @@ for text in sys.argv[1].split(","):
     times = {key: [] for key in rows}
     keys = list(rows)
     for r in range(ROUNDS):
-        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+        # each round in another order, the same on every rank (a rotation keeps each row's predecessor)
+        for key in (keys[i] for i in (range(len(keys)) if r == 0 else np.random.default_rng(r).permutation(len(keys)))):
             times[key].append(batch(rows[key], calls))
     med = {key: float(np.median(v)) * 1e6 for key, v in times.items()}
     if comm.rank == 0:

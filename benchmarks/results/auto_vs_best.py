@@ -3,9 +3,9 @@
     PYTHONPATH=. mpiexec -n N python benchmarks/results/auto_vs_best.py [-b 8] [-e 128M] [-f 4] [-r 11]
 
 Two passes per size, on one buffer pair per size:
-1. screening: every algorithm over MPI and over shared memory (and auto), three rotated rounds of
+1. screening: every algorithm over MPI and over shared memory (and auto), three rounds (each in its own order) of
    batches of about 10 ms;
-2. final: auto and the four fastest pairs of the screening, ``-r`` rotated rounds of batches of
+2. final: auto and the four fastest pairs of the screening, ``-r`` rounds (each in its own order) of batches of
    about 20 ms (at least 2 calls), the slowest rank's time per batch, medians.
 Prints auto's time over the best pair's from the final pass (below 1.1: within 10%), and what auto
 ran. A single all-rows pass with a few calls per row spreads rows of the same pair by 15-20% on
@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.autotune import agreed
+from collectives.autotune import agreed, round_order
 from collectives.cli import parse_size
 
 WORLD = MPI.COMM_WORLD
@@ -35,7 +35,7 @@ def batch(fn, calls):
     return WORLD.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX)
 
 
-def rotated(rows, rounds, seconds, fns):
+def rounds_of(rows, rounds, seconds, fns):
     calls = {}
     for row in rows:
         fns[row]()
@@ -43,8 +43,7 @@ def rotated(rows, rounds, seconds, fns):
         calls[row] = max(2, min(2000, int(seconds / max(once, 1e-7))))
     times = {row: [] for row in rows}
     for index in range(rounds):
-        shift = index % len(rows)
-        for row in rows[shift:] + rows[:shift]:
+        for row in (rows[i] for i in round_order(len(rows), index)):
             times[row].append(batch(fns[row], calls[row]))
     return {row: statistics.median(t) for row, t in times.items()}
 
@@ -78,9 +77,9 @@ def main():
                 else:
                     fns[row] = lambda name=name, kw=kw: collectives.allreduce(source, target, algorithm=name, comm=WORLD, **kw)
             with np.errstate(all="ignore"):
-                screened = rotated(["auto"] + pairs, 3, 0.01, fns)
+                screened = rounds_of(["auto"] + pairs, 3, 0.01, fns)
                 top = sorted(pairs, key=screened.get)[:4]
-                final = rotated(["auto"] + top, args.r, 0.02, fns)
+                final = rounds_of(["auto"] + top, args.r, 0.02, fns)
             best = min(top, key=final.get)
             ran = agreed(OURS, source.dtype, source.nbytes, in_place)
             ran = f"{ran[0]}@{ran[1]}" if ran else "cost model"
