@@ -61,6 +61,18 @@ def test_the_direct_plan_stages_its_reduced_chunk_once_for_all_its_readers():
     offsets = {offset for *_, offset in layout.sends[1]}  # step 2: the reduced chunk to each peer
     assert len(layout.sends[1]) == 3 and len(offsets) == 1
     assert layout.staged_bytes == 4 * 1024 * 4  # three chunks out in step 1, one back in step 2
+    # and the window is sized for that, not for a copy per reader
+    assert shm_layout.staging_bound(every[0], 4, lambda peer: True) == layout.staged_bytes
+
+
+@pytest.mark.parametrize("name", ["shm", "tree", "ring", "double_binary_tree", "hierarchical_copy"])
+def test_the_staging_bound_covers_every_layout_a_call_may_take(name):
+    every = plans(name, 4, 1003)
+    for plan in every:
+        bound = shm_layout.staging_bound(plan, 8, lambda peer: True)
+        for flags in range(16):  # every combination of shared IN, shared OUT, in place, cma
+            layout, _ = Layouts([0, 1, 2, 3]).of(plan, 8, flags, every.__getitem__)
+            assert layout.staged_bytes <= bound
 
 
 def test_a_call_is_made_again_for_other_flags_and_for_a_new_plan():

@@ -116,12 +116,12 @@ class SendLayout:
 
 
 def staging_bound(plan, itemsize, on_node):
-    """Staging bytes a plan needs with nothing sent direct (the most any registration needs)."""
+    """Staging bytes a plan needs with nothing sent direct (the most any registration needs):
+    each region a step sends on the node once, as SendLayout stages it."""
     total = 0
     for step in plan.steps:
-        for peer, _, lo, hi, _ in step.sends:
-            if on_node(peer):
-                total += -(-(hi - lo) * itemsize // ALIGN) * ALIGN
+        regions = {(buf, lo, hi) for peer, buf, lo, hi, _ in step.sends if on_node(peer)}
+        total += sum(-(-(hi - lo) * itemsize // ALIGN) * ALIGN for _, lo, hi in regions)
     return total
 
 
