@@ -34,6 +34,11 @@ STAGED, DIRECT, CMA = 0, 1, 2
 CMA_MIN_BYTES = 8 << 20
 
 
+def _staged_bytes(lo, hi, itemsize):
+    """Staging a region of ``lo:hi`` takes: its bytes, rounded up to the next ALIGN."""
+    return -(-(hi - lo) * itemsize // ALIGN) * ALIGN
+
+
 def _overlaps(lo, hi, olo, ohi):
     return lo < ohi and olo < hi
 
@@ -108,7 +113,7 @@ class SendLayout:
                 else:
                     entry = (peer, buf, lo, hi, chan, STAGED, offset)
                     staged[(buf, lo, hi)] = offset
-                    offset += -(-(hi - lo) * itemsize // ALIGN) * ALIGN
+                    offset += _staged_bytes(lo, hi, itemsize)
                 entries.append(entry)
                 self.to.setdefault((peer, chan), []).append((index,) + entry)
             self.sends.append(entries)
@@ -121,7 +126,7 @@ def staging_bound(plan, itemsize, on_node):
     total = 0
     for step in plan.steps:
         regions = {(buf, lo, hi) for peer, buf, lo, hi, _ in step.sends if on_node(peer)}
-        total += sum(-(-(hi - lo) * itemsize // ALIGN) * ALIGN for _, lo, hi in regions)
+        total += sum(_staged_bytes(lo, hi, itemsize) for _, lo, hi in regions)
     return total
 
 
