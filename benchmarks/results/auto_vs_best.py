@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+from benchmarks.allreduce_perf import time_batch
 from collectives.autotune import agreed, round_order
 from collectives.cli import parse_size
 
@@ -27,24 +28,16 @@ WORLD = MPI.COMM_WORLD
 OURS = collectives.as_comm(WORLD)
 
 
-def batch(fn, calls):
-    WORLD.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return WORLD.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX)
-
-
 def rounds_of(rows, rounds, seconds, fns):
     calls = {}
     for row in rows:
         fns[row]()
-        once = batch(fns[row], 1)
+        once = time_batch(WORLD, fns[row], 1)
         calls[row] = max(2, min(2000, int(seconds / max(once, 1e-7))))
     times = {row: [] for row in rows}
     for index in range(rounds):
         for row in (rows[i] for i in round_order(len(rows), index)):
-            times[row].append(batch(fns[row], calls[row]))
+            times[row].append(time_batch(WORLD, fns[row], calls[row]))
     return {row: statistics.median(t) for row, t in times.items()}
 
 
