@@ -4,7 +4,7 @@ the call's size on this machine, runs the fastest, and stores it for later runs.
 
 Why: which pair is fastest within a node depends on the machine more than any fixed cost model
 can say. On this project's 2-core VM the same sizes flip between MPI point-to-point and shared
-memory from one hour to the next (benchmarks/RESULTS.md, "auto out of the box").
+memory from one hour to the next (docs/performance.md#first-use-calibration).
 
 How:
 - A call's *bucket* is (machine, MPI library, world size, dtype, in place or not, shared array
@@ -25,13 +25,12 @@ How:
   tuning table (``python -m collectives.tune``, which wins wherever it covers a call), several
   hosts, the threaded world, a named transport, ``iallreduce`` and compression leave to it.
 
-Cost: the first call of a bucket (measured here, benchmarks/results/first_call_cost.py) takes
-0.24-0.51 s up to 1 MiB at n=2 and n=4, and 0.6-0.7 s (n=2) or 2.5-3.4 s (n=4 on 2 cores) from
-32 MiB; in place it holds a copy of at most 32 MiB
-of the call's data meanwhile. Limits: a pick holds for the machine's state when it was measured
-(delete the file, or run ``collectives.tune``, to measure again). A call
-that repeats an earlier call's shape (size, dtype, op, in place or not) on a communicator takes
-the short path and runs that call's pick, whether its buffers are shared arrays or not.
+Cost: the first call of a bucket runs every candidate through all its rounds, so it lasts far
+longer than a call (what it took here: docs/performance.md#first-use-calibration); in place it
+holds a copy of at most 32 MiB of the call's data meanwhile. Limits: a pick holds for the
+machine's state when it was measured (delete the file, or run ``collectives.tune``, to measure
+again). A call that repeats an earlier call's shape (size, dtype, op, in place or not) on a
+communicator takes the short path and runs that call's pick, whether its buffers are shared arrays or not.
 """
 import importlib
 import json
@@ -80,7 +79,8 @@ def candidates(size, nbytes, itemsize, shm):
     """[(algorithm, transport)]: every algorithm over MPI (but two_level, which on one node is the
     ring), in the cost model's order; then its best SHM_CANDIDATES over shared memory where
     ``shm``. The same list on every rank. Every algorithm over MPI, because the model ranks the
-    trees and reduce_to_one last at every size while measured they win some (n=4, 32-128 KiB)."""
+    trees and reduce_to_one last at every size while measured they win some sizes
+    (docs/performance.md#calibration-details)."""
     from .select import cost_choice, shm_cost_choice
 
     names = _algorithms.names()
@@ -200,8 +200,8 @@ TIE = 0.03  # pairs within 3% of the fastest count as tied: the first in candida
 def fastest(times):
     """The first pair (in candidate order: over MPI in the cost model's order, then shared
     memory) within TIE of the fastest time. Small messages differ by fractions of a microsecond
-    between pairs, and a batch's noise would otherwise pick among them by chance (n=2, 128 B:
-    tree@mpi picked at 4.5 us against recursive doubling's 3.9)."""
+    between pairs, and a batch's noise would otherwise pick among them by chance
+    (docs/performance.md#calibration-details)."""
     least = min(times.values())
     return next(pair for pair, seconds in times.items() if seconds <= least * (1 + TIE))
 
@@ -269,11 +269,9 @@ def _measure_pairs(comm, pairs, run, allreduce, barrier):
         allreduce(once, once, op="max", algorithm="recursive_doubling", comm=comm)
         calls = _batches(pairs, once)
         if once.max() < BATCH_SECONDS:
-            # one untimed round first: the first calibration of a job ran while its ranks were still
-            # settling (n=4 on 2 cores, 8 B: tree@mpi picked twice at 1.28x recursive doubling's time);
-            # then batches sized again from it: one call after a barrier times mostly the ranks' skew
-            # there, so batches of 5-12 calls carried it unevenly (128 B: recursive doubling measured
-            # at 57 us, 38 steady, tree 57 against 55, and tree picked)
+            # one untimed round first: the first calibration of a job runs while its ranks are still
+            # settling; then batches sized again from it, since one call after a barrier times mostly
+            # the ranks' skew, which short batches carry unevenly (docs/performance.md#calibration-details)
             settled = _rounds(comm, pairs, calls, 1, run, allreduce, barrier)
             calls = _batches(pairs, [settled[pair] for pair in pairs])
         screened = _rounds(comm, pairs, calls, SCREEN_ROUNDS, run, allreduce, barrier)
@@ -284,7 +282,7 @@ def _measure_pairs(comm, pairs, run, allreduce, barrier):
 
 def _batches(pairs, seconds):
     """{pair: calls per batch} for about BATCH_SECONDS, at least 2 calls where one lasts less (no batch
-    is one cold call), one where it lasts more (32 MiB at n=4 on 2 cores: 30-60 ms a call). Every
+    is one cold call), one where it lasts more. Every
     rank gets the same figures (the slowest rank's), so every rank makes the same calls."""
     return {pair: max(1 if t >= BATCH_SECONDS else 2, min(MAX_BATCH, int(BATCH_SECONDS / max(t, 1e-7))))
             for pair, t in zip(pairs, seconds)}
@@ -293,9 +291,8 @@ def _batches(pairs, seconds):
 def round_order(count, round_index):
     """The order of ``count`` rows in timed round ``round_index``: as given in round 0, then a
     shuffle seeded by the round (the same on every rank). A rotation keeps each row's predecessor
-    in every round, and what ran before a batch moves it: at n=2, 32 MiB, whichever row followed
-    MPI_Allreduce's took 1.2x the time of the same pair elsewhere (benchmarks/RESULTS.md, "The
-    row after native"), so every round gives each row another neighbour."""
+    in every round, and what ran before a batch moves its time (docs/performance.md#calibration-details),
+    so every round gives each row another neighbour."""
     if round_index == 0:
         return list(range(count))
     return [int(i) for i in np.random.default_rng(round_index).permutation(count)]

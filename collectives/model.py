@@ -13,15 +13,15 @@ BETA_INTER = 1 / 1.25e9
 
 # Over the shared-memory transport (collectives/comm/shm.py) a step is the unit of cost: every
 # step publishes a progress counter and waits on its peers' (header writes, polls, the layout of
-# its messages: about 15 us of Python work on this project's VM), while each message of a step
-# adds little (a staged copy's setup or a peer segment mapped: about 2 us). Bytes cost what they
-# cost over MPI's own shared memory, which copies them too.
+# its messages: Python work), while each message of a step adds little (a staged copy's setup or
+# a peer segment mapped). Bytes cost what they cost over MPI's own shared memory, which copies them
+# too. Where the two constants come from: docs/performance.md#cost-model-constants.
 ALPHA_SHM_STEP = 15e-6
 ALPHA_SHM_MESSAGE = 2e-6
 
 # Over MPI point-to-point within a node, as this library's executor runs a plan, a step costs
 # more than MPI's own latency: the executor's Python per step (message views, requests, the poll
 # loop) on top of MPICH's. Fitted from recursive doubling (one step at n=2) against the ring (two)
-# at 128 KiB - 1 MiB, no tuning table: about 25-45 us (benchmarks/results/auto-no-table-recheck.txt).
+# with no tuning table (docs/performance.md#cost-model-constants).
 # auto's cost model within a node over MPI uses it as alpha.
 ALPHA_NODE_STEP = 30e-6

@@ -160,13 +160,13 @@ def ranks_per_core(environ=None, cores=None):
 
 # --------------------------------------------------------------------------- eager limit
 
-# Measured here with ``mpiexec -n 2 python -m collectives.protocol`` (ranks on one node; see
-# benchmarks/RESULTS.md): the largest message each library sent without a handshake. Keyed by
-# (library, version); a version not listed has no figure until measured (tune records one).
+# Measured here with ``mpiexec -n 2 python -m collectives.protocol`` (ranks on one node): the
+# largest message each library sent without a handshake (docs/performance.md#eager-limits).
+# Keyed by (library, version); a version not listed has no figure until measured (tune records one).
 MEASURED_EAGER_LIMITS = {
-    ("MPICH", "5.0.2"): 8000,  # 6,912 B: 3.7 us a Sendrecv each way, 8,192 B: 7.4 us (8,064 found)
-    ("Open MPI", "5.0.11"): 3968,  # 3,456 B: 2.3 us, 4,096 B: 5.4 us (bisected: 3,968 - 4,032)
-    ("Intel MPI", "2021.18.1"): 0,  # no step from 1 KiB to 256 KiB (largest x1.28): nothing to split
+    ("MPICH", "5.0.2"): 8000,
+    ("Open MPI", "5.0.11"): 3968,
+    ("Intel MPI", "2021.18.1"): 0,  # no handshake step found: nothing to split
 }
 
 

@@ -47,12 +47,11 @@ def check_op_dtype(op, dtype):
 # A reduction writes its output with vector stores. NumPy's allocations start 16 bytes past a cache
 # line and its loops do not align their stores, so every 64-byte store straddles two lines; a peer
 # that reads that output next (the next step's message, or in place the next call's, through MPI's
-# single-copy path or shared memory) then took twice as long as after aligned stores. Splitting the
-# reduction at the output's first 64-byte boundary keeps its bulk aligned: n=2, in place, MPICH, a raw
-# loop whole against split in one run, 64 KiB 68 -> 32 us, 128 KiB 99 -> 45, 256 KiB 184 -> 77
-# (benchmarks/results/shm-small-calibration-2026-12-05.txt; inplace_alignment.py BYTES raw).
+# single-copy path or shared memory) then reads slower than after aligned stores. Splitting the
+# reduction at the output's first 64-byte boundary keeps its bulk aligned
+# (docs/performance.md#aligned-reductions).
 STORE_ALIGN = 64
-SPLIT_MIN_BYTES = 8 << 10  # smaller outputs stay whole (one more ufunc call costs about 0.5 us)
+SPLIT_MIN_BYTES = 8 << 10  # smaller outputs stay whole (one more ufunc call would cost more than it saves)
 
 
 def aligned_parts(out, a, b):

@@ -30,9 +30,9 @@ Local operations (their first field, ``kind``, tells them apart):
 These are named tuples, defined once here. ``PlanBuilder``'s calls (``send``, ``recv``,
 ``reduce``, ``copy``, ``final``) make them, with ``tuple.__new__(Message, (...))`` (no
 Python-level ``__new__``). ``PlanBuilder.add_step`` and ``add_steps`` (the pipelined trees) take
-plain tuples of the same fields: named tuples there made tree plans 20-60% slower to build at
-1,024-16,384 ranks, mostly from the garbage collector, which stops tracking a plain tuple of
-ints but never a tuple subclass. The ring phases and hierarchical_copy's first phase
+plain tuples of the same fields: named tuples there made tree plans slower to build at thousands
+of ranks (docs/performance.md#plan-building), mostly from the garbage collector, which stops
+tracking a plain tuple of ints but never a tuple subclass. The ring phases and hierarchical_copy's first phase
 write all their steps at once as numpy columns (``PlanBuilder.add_columns``,
 ``collectives.columns``); a plan with such steps is stored as columns, ``Plan.steps`` makes its
 tuples on first use, and the simulator reads the columns directly. The runners read entries by

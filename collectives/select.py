@@ -222,12 +222,9 @@ def _decide(size, nbytes, dtype, mpi, hosts, over_shm=False):
 
 
 # Messages from this size travel through shared memory between ranks of one node when the caller
-# (and the tuning table) leave the transport to the library. Measured at n=2 (few rows, 400 calls
-# a row): at 64-256 KiB MPI point-to-point was 1.2-1.3x faster (the transport's per-step Python
-# work, layouts and header polls, costs more than MPICH's own copies save); at 1 MiB shared memory
-# took 0.86 of MPI's time for ring, at 4 MiB 0.69 (benchmarks/RESULTS.md, "Transports"); at
-# 512-768 KiB the direct plan over shared memory took 0.67-0.79 of the best MPI row's time
-# (benchmarks/results/auto-no-table-recheck.txt).
+# (and the tuning table) leave the transport to the library: below it the transport's per-step
+# Python work (layouts, header polls) costs more than MPI's own copies save, from it shared memory
+# is ahead (docs/performance.md#transports-and-shared-arrays).
 SHM_MIN_BYTES = 512 << 10
 
 

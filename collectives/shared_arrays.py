@@ -3,8 +3,8 @@ user buffers): ``collectives.empty`` and ``collectives.zeros``.
 
 An all-reduce whose buffers are such arrays moves nothing it need not within a node: each rank
 reduces its part straight from its peers' arrays and copies their finished parts out of them,
-with no staging copy. That is the way to the fastest intra-node all-reduce (RESULTS.md,
-"Transports"). The arrays live in MPI-3 shared windows of the communicator's node ranks
+with no staging copy. That is the way to the fastest intra-node all-reduce
+(docs/performance.md#transports-and-shared-arrays). The arrays live in MPI-3 shared windows of the communicator's node ranks
 (collectives/comm/shm_arrays.py).
 """
 import numpy as np

@@ -103,11 +103,9 @@ def inter_steps(inter, hosts):
 
 def default_chunks(nbytes):
     """Chunks of the pipeline by default: one below PIPELINE_MIN_BYTES, else one per
-    PIPELINE_CHUNK_BYTES (2 to MAX_CHUNKS). Measured on 2 emulated hosts x 2 ranks at 500 Mbit/s
-    (benchmarks/RESULTS.md): at 1-2 MiB one chunk is ahead; at 16 MiB two chunks took 1.06x the
-    link floor (four 1.15x, one 1.37x); at 64 MiB eight took 1.06x in two runs where two took
-    1.32-1.44x (messages across of 8 MiB and more run slow on these links). Even hosts only: on
-    uneven ones (2, 1, 2) the simulator has two chunks 1.24x slower than one at 4 MiB."""
+    PIPELINE_CHUNK_BYTES (2 to MAX_CHUNKS): the choice measured best on even emulated hosts
+    (docs/performance.md#two-level-chunks). Even hosts only: on uneven ones the simulator has
+    more chunks slower than one."""
     if nbytes < PIPELINE_MIN_BYTES:
         return 1
     return max(2, min(MAX_CHUNKS, nbytes // PIPELINE_CHUNK_BYTES))
@@ -125,7 +123,7 @@ def build(rank, size, count, itemsize=1, groups=None, inter="ring", chunks=None)
         _phases.ring_allgather(b, mine, bounds)
         return b.build()
     blocks = min(len(h) for h in hosts)
-    if chunks is None:  # measured on even hosts; on uneven ones the model has it slower (RESULTS.md)
+    if chunks is None:  # measured on even hosts; on uneven ones the model has it slower (default_chunks)
         chunks = default_chunks(count * itemsize) if len({len(h) for h in hosts}) == 1 else 1
     chunks = max(1, min(chunks, count // max(1, blocks))) if pipelined(inter, len(hosts)) else 1
     edges = block_bounds(count, chunks).tolist()

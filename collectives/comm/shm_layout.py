@@ -28,9 +28,7 @@ from ..plan import IN, OUT, TMP, REDUCE, COPY
 ALIGN = 64
 STAGED, DIRECT, CMA = 0, 1, 2
 # Cross-memory attach from this message size: below it a staging copy plus a read from the
-# window measured faster (n=2, direct plan, alternating runs: 512 KiB calls 69-123 us staged
-# against 130-141 us by kernel copy, 2 MiB 214-346 against 387-444 us; at 32 MiB, 16 MiB
-# messages, the kernel copy took 0.8-0.85 of the time by medians; 8 MiB calls were even).
+# window is faster, from it the kernel's single copy wins (docs/performance.md#cma-threshold).
 CMA_MIN_BYTES = 8 << 20
 
 
