@@ -165,7 +165,7 @@ def make_runner(name, comm, op, backend_arrays):
             collectives.allreduce(recvbuf, recvbuf, op=op, algorithm=algorithm, comm=comm, transport=transport)
         return oop, ip
 
-    # as a caller who names no transport calls it (a `**{}` at the call site alone costs 0.2 us)
+    # as a caller who names no transport calls it (even a `**{}` at the call site costs measurable time)
     def oop():
         collectives.allreduce(sendbuf, recvbuf, op=op, algorithm=algorithm, comm=comm)
 
@@ -211,12 +211,10 @@ def time_batch(comm, fn, iters):
 def timed_rounds(args, runners, times, per_round, comm):
     """Every round visits every algorithm (interleaved), out of place then in place, each round in
     another order (``autotune.round_order``: the same on every rank), so that no row always runs
-    right after the same one: with more ranks than cores the batch after MPI_Allreduce's
-    busy-polling measured about 10% slower, and at n=2, 32 MiB the row after native's took 1.2x
-    the time of the same pair elsewhere (a rotation, as here before, kept every row's predecessor).
-    Each batch follows one untimed call of its own: with many rows and few calls a batch, a
-    batch started on buffers the other rows had pushed out of the caches, which spread the rows
-    2-3x at 64 KiB - 4 MiB against back-to-back calls."""
+    right after the same one: what ran before a batch moves its time, the batch after
+    MPI_Allreduce's busy-polling most (docs/performance.md#calibration-details). Each batch
+    follows one untimed call of its own: with many rows and few calls a batch, a batch would
+    start on buffers the other rows had pushed out of the caches."""
     from collectives.autotune import round_order
 
     names = list(runners)

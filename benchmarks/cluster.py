@@ -158,8 +158,8 @@ def shaping(rate):
     tbf does): IPv4 packets under 128 bytes (TCP's pure ACKs, small control messages) are sent before
     bulk data, and bulk data waits in a FIFO of 20 ms at the rate plus the burst (tbf's own limit).
     With one FIFO, an exchange's ACKs waited behind up to 20 ms of the other direction's data
-    (a queue no data-centre link has): two exchanges on one link lost 5-20% of its rate, and now
-    take its time to 2-5% (benchmarks/RESULTS.md, "The simulator against the emulated hosts")."""
+    (a queue no data-centre link has) and two exchanges on one link lost part of its rate; with
+    the ACKs first they take the link's time (docs/performance.md#emulated-cluster)."""
     bytes_per_s = rate_bytes(rate)
     burst = 256 * 1024
     fast = f"{int(max(10e9, 16 * bytes_per_s * 8))}bit"
@@ -292,7 +292,7 @@ exec ip netns exec "$ns" unshare --uts --ipc --mount --propagation private \\
         full_env[RUN_VARIABLE] = self.run_id
         full_env.setdefault("UCX_NET_DEVICES", "eth0")  # traffic between hosts crosses the links
         # every message eagerly: over TCP, UCX's rendezvous now and then holds a message back for
-        # another's whole transfer (benchmarks/RESULTS.md, "The simulator against the emulated hosts")
+        # another's whole transfer (docs/performance.md#emulated-cluster)
         full_env.setdefault("UCX_RNDV_THRESH", "inf")
         proc = subprocess.Popen(self.command(program, mpiexec), env=full_env)
         start = time.monotonic()

@@ -1,4 +1,4 @@
-"""Tables and a plot for all-reduce across emulated hosts (benchmarks/RESULTS.md, "Across emulated hosts").
+"""Tables and a plot for all-reduce across emulated hosts (docs/performance.md#emulated-cluster).
 
     python -m benchmarks.cluster_report --rate 500M --sweep 2x2=A.json --sweep 3x2=B.json \\
         [--calibrate 2x2=C.json --calibrate 3x2=D.json [--predict]] [--plot F.png]

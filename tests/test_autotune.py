@@ -52,14 +52,14 @@ def test_candidates_are_every_algorithm_over_mpi_and_the_models_best_over_shm():
 def test_recursive_doubling_is_screened_over_shared_memory_at_n2_from_512_kib():
     """At n=2 ring, rabenseifner and shm price alike over shared memory from 512 KiB; with three
     candidates they filled the list, and recursive_doubling@shm, measured fastest in place at 512
-    KiB (benchmarks/RESULTS.md, "No regression, in one harness"), was never screened."""
+    KiB (docs/performance.md#calibration-details), was never screened."""
     for nbytes in (512 << 10, 2 << 20):
         assert ("recursive_doubling", "shm") in autotune.candidates(2, nbytes, 4, shm=True)
 
 
 def test_every_timed_round_visits_every_row_once_and_rows_change_neighbours():
     """A rotation kept each row's predecessor in every round, and the row after native's batch
-    ran 1.2x slow at 32 MiB (benchmarks/RESULTS.md, "The row after native")."""
+    ran slow (docs/performance.md#calibration-details)."""
     for count in (2, 5, 16):
         orders = [autotune.round_order(count, r) for r in range(7)]
         assert orders[0] == list(range(count)) and all(sorted(o) == list(range(count)) for o in orders)

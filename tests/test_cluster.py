@@ -118,7 +118,7 @@ def test_the_shaping_commands():
 
 @pytest.mark.parametrize("given, seen", [(None, "inf"), ("auto", "auto")])
 def test_every_message_goes_eagerly_unless_the_environment_says_otherwise(given, seen):
-    # UCX's rendezvous over TCP held messages back at random (RESULTS.md); the tool turns it off
+    # UCX's rendezvous over TCP held messages back at random (docs/performance.md#emulated-cluster); the tool turns it off
     # for the job, and a value in the environment wins
     env = {} if given is None else {"UCX_RNDV_THRESH": given}
     if given is None and "UCX_RNDV_THRESH" in os.environ:

@@ -588,10 +588,10 @@ def test_missing_tuning_file_is_silent(tuning_file, tmp_path):
 
 
 def test_without_a_table_a_step_within_a_node_costs_the_executors_alpha(tuning_file, tmp_path):
-    """Over MPI within a node a step costs ALPHA_NODE_STEP (30 us: the executor's Python on top of
+    """Over MPI within a node a step costs ALPHA_NODE_STEP (the executor's Python on top of
     MPI's latency), so one exchange of the whole buffer (recursive doubling) wins at n=2 up to a few
-    hundred KiB, where MPI's own alpha (15 us) had the ring win from 256 KiB; from 1 MiB the ring's
-    half-size reduction wins (measured: benchmarks/results/auto-no-table-recheck.txt)."""
+    hundred KiB, where MPI's own alpha had the ring win earlier; from 1 MiB the ring's half-size
+    reduction wins (docs/performance.md#cost-model-constants)."""
     tuning_file(None)
     with env(COLLECTIVES_TUNING=str(tmp_path / "absent.json")):
         select.reset()

@@ -149,7 +149,7 @@ def test_hierarchical_copy_parts_share_the_host_link_in_the_cost_model():
 
 
 def test_the_cost_model_picks_two_level_across_hosts_from_1_mib():
-    # measured on 2 x 2 and 3 x 2 emulated hosts (benchmarks/RESULTS.md): two_level at or ahead of
+    # measured on 2 x 2 and 3 x 2 emulated hosts (docs/performance.md#emulated-cluster): two_level at or ahead of
     # hierarchical_copy from 1 MiB; with more hosts than ranks per host a rank leads several parts
     for hosts in (((0, 1), (2, 3)), ((0, 1), (2, 3), (4, 5)), ((0, 1), (2,), (3, 4))):
         for nbytes in (1 << 20, 4 << 20, 64 << 20):
