@@ -239,6 +239,25 @@ def fmt_row(cells, widths):
 
 
 WIDTHS = [12, 11, 9, 7, 32, 11, 9, 9, 7, 8, 11, 9, 9, 7, 8]
+LABEL = 4  # the algorithm column
+
+
+def label_width(rows, algorithms):
+    """The algorithm column's width: every row's label (its name, with ``@mpi`` or ``@shm`` where
+    the library chose the transport) and auto's longest (two pairs, one out of place and one in
+    place: ``auto(ALGO@mpi/ALGO@shm)``) fit whole, two spaces to spare; never cut."""
+    longest = max((len(a) for a in algorithms), default=0)
+    auto = len("auto(@mpi/@shm)") + 2 * longest if "auto" in rows else 0
+    return max([WIDTHS[LABEL], auto + 2] + [len(r) + len("@mpi") + 2 for r in rows])
+
+
+def table_widths(rows, algorithms):
+    """WIDTHS with the algorithm column wide enough for every label (``label_width``)."""
+    widths = list(WIDTHS)
+    widths[LABEL] = label_width(rows, algorithms)
+    return widths
+
+
 HEADER = ["size", "count", "type", "redop", "algorithm",
           "time(us)", "algbw", "busbw", "#wrong", "vs_nat",
           "time(us)", "algbw", "busbw", "#wrong", "vs_nat"]
@@ -272,6 +291,7 @@ def main(argv=None):
             collectives.as_comm(unguarded)  # wrapped now, unguarded for its lifetime
         finally:
             del os.environ["COLLECTIVES_GUARD"]
+    widths = table_widths(rows + ["floor:zero-copy", "nccl"], collectives.algorithms())
     if rank == 0:
         print(f"# collectives {collectives.__version__} allreduce_perf: {n} ranks, MPI library {mpilib.describe()} "
               f"(native = its MPI_Allreduce), "
@@ -283,10 +303,10 @@ def main(argv=None):
         if dtype.name == "bfloat16":
             print("# native: MPI has no bfloat16, so MPI_Allreduce runs on the 16-bit words with a "
                   "user-defined op (a Python callback reducing them as bfloat16)")
-        print(f"#{'':>11}{'':>11}{'':>9}{'':>7}{'':>32}{'out-of-place':>44}{'in-place':>44}")
-        print(fmt_row(HEADER, WIDTHS))
+        print(f"#{'':>11}{'':>11}{'':>9}{'':>7}{'':>{widths[LABEL]}}{'out-of-place':>44}{'in-place':>44}")
+        print(fmt_row(HEADER, widths))
         print(fmt_row(["(B)", "(elements)", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "", "(GB/s)", "(GB/s)", "", ""],
-                      WIDTHS), flush=True)
+                      widths), flush=True)
     records = []
     busbw_by_algo = {}
     factor = 2 * (n - 1) / n if n > 1 else 1.0
@@ -363,11 +383,11 @@ def main(argv=None):
                                    "wrong": _count(wrong[name][1]), "vs_native": ratio[1]}})
             busbw_by_algo.setdefault(name, []).append(busbw[0])
             if rank == 0:
-                print(fmt_row([nbytes, count, str(dtype), args.op, label[:27],
+                print(fmt_row([nbytes, count, str(dtype), args.op, label,
                                f"{t[0] * 1e6:.1f}", f"{algbw[0]:.3f}", f"{busbw[0]:.3f}", wrong[name][0],
                                f"{ratio[0]:.2f}",
                                f"{t[1] * 1e6:.1f}", f"{algbw[1]:.3f}", f"{busbw[1]:.3f}", wrong[name][1],
-                               f"{ratio[1]:.2f}"], WIDTHS), flush=True)
+                               f"{ratio[1]:.2f}"], widths), flush=True)
     total_wrong = sum(int(r["oop"]["wrong"]) + int(r["ip"]["wrong"]) for r in records
                       if args.check and not r["algorithm"].startswith("floor:"))
     # the library's own memory: the executor's scratch (one buffer per dtype, shared by every
