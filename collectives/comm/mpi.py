@@ -14,7 +14,7 @@ from numpy import ndarray as _ndarray
 
 from .. import config, mpilib
 from ..errors import CollectiveError, MismatchError
-from .base import Communicator, check_received, foreign_message
+from .base import Communicator, check_received
 
 MPI = mpilib.load()  # one ImportError naming both ways to an MPI library where none loads
 
@@ -116,26 +116,8 @@ class MPIComm(Communicator):
                 check_received(r.peer, r.nbytes, status.Get_count(MPI.BYTE), what)
 
     def _poll(self, requests, mpi_reqs, statuses, limit, what):
-        start = time.monotonic()
-        deadline = start + limit
-        probe_at = start + _PROBE_AFTER
-        testall = MPI.Request.Testall
-        spins = 0
-        while not testall(mpi_reqs, statuses):
-            spins += 1
-            if spins % _POLLS_PER_CHECK:
-                continue
-            now = time.monotonic()
-            if now > probe_at and self.signed:
-                probe_at = now + _PROBE_AFTER
-                for r, m in zip(requests, mpi_reqs):
-                    if m and r.is_recv and r.tag is not None and self.foreign(r.peer, r.tag) is not None:
-                        raise MismatchError(foreign_message(what, r.peer))
-            if now > deadline:
-                silent = sorted({r.peer for r, m in zip(requests, mpi_reqs) if m and r.is_recv}
-                                or {r.peer for r, m in zip(requests, mpi_reqs) if m})
-                raise _timeout(what, silent, limit)
-            os.sched_yield()  # at every deadline check: the peer may share this core
+        peers = [(r.peer, r.tag if r.is_recv else None, r.is_recv) for r in requests]
+        _steps.poll(mpi_reqs, statuses, peers, limit, what, self if self.signed else None)
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, sendtag=0, recvtag=None):
         recvtag = sendtag if recvtag is None else recvtag

@@ -29,11 +29,9 @@ def _ranks_per_core():
 
 # A waiting rank yields its core at every deadline check (every _POLLS_PER_CHECK polls), from the
 # start: the peer it waits for may share its core, and not only when the node has more ranks
-# than cores (a job confined to fewer cores than the node has, ranks bound to one core). With both
-# ranks of n=2 on one core, a 2 ms spin before yielding made every step cost about 2 ms (128 KiB:
-# 4.1 ms a call against native's 68 us; 1 MiB: 6.2 ms against 0.33), while yielding at every check
-# gave 152 and 363 us. Where a rank has its core alone, sched_yield returns at once: n=2 on two
-# cores took the same time with either, 8 B - 512 KiB (benchmarks/RESULTS.md).
+# than cores (a job confined to fewer cores than the node has, ranks bound to one core). Where two
+# ranks share a core, a spin before yielding makes every step cost the whole spin; where a rank has
+# its core alone, sched_yield returns at once and costs nothing (docs/performance.md#yielding).
 _OVERSUBSCRIBED = _ranks_per_core() > 1
 _POLLS_PER_CHECK = 4 if _OVERSUBSCRIBED else 64  # polls between deadline checks (and yields)
 
@@ -58,10 +56,8 @@ MAX_PIECES = 4
 def _pieces(peer, buf, chan, limit):
     """A prepared step's message as the pieces it travels in: a message past the eager ``limit``
     goes as the fewest pieces within the limit (on the same tag, matched in order), which stay
-    eager, when that is at most MAX_PIECES; larger messages amortise the handshake and go whole.
-    Measured at n=2: MPICH (8000 B) 8-16 KiB 4.8 -> 3.0 us per exchange as two pieces (16 -> 11 us
-    at n=4 on 2 cores); Open MPI (3968 B) 6 KiB 5.8 -> 3.3 us as two, 8 KiB 3.7 -> 2.4 as three,
-    12 KiB 4.0 -> 3.3 as four, while 16 KiB whole (4.4) matches five pieces."""
+    eager, when that is at most MAX_PIECES; larger messages amortise the handshake and go whole
+    (docs/performance.md#eager-pieces)."""
     if not limit or buf.nbytes <= limit:
         return [(peer, buf, chan)]
     flat = buf.reshape(-1)  # a view: step buffers are contiguous
@@ -86,12 +82,28 @@ def timeout_error(what, silent, limit):
 
 
 def poll_step(reqs, statuses, recvs, sends, limit, what, prober=None, tag=0):
-    """Poll a step's requests to the deadline; ``prober`` (the communicator, where calls are
-    signed) looks for a foreign message from the peers not yet heard from."""
+    """Poll a prepared or posted step (``recvs`` then ``sends``, as ``reqs`` holds them) to the
+    deadline; ``prober`` (the communicator, where calls are signed) judges foreign messages."""
+    peers = [(peer, tag, True) for peer, _, _ in recvs] + [(peer, None, False) for peer, _, _ in sends]
+    poll(reqs, statuses, peers, limit, what, prober)
+
+
+def poll(reqs, statuses, peers, limit, what, prober=None):
+    """Poll ``reqs`` until all complete, bounded by ``limit`` seconds (CollectiveTimeout naming
+    the ranks not heard from). ``peers[i]``: (peer, tag, is_recv) of ``reqs[i]``; a receive whose
+    tag is None is never judged.
+
+    Every ``_PROBE_AFTER`` the open receives are judged: where a message of another call from
+    the same peer waits unmatched here, the receive is cancelled. The cancel succeeds only if
+    the receive had not been matched, which (messages between two ranks match in the order
+    they were sent) means the peer sent that other call's message before this call's: a
+    mismatch. If it fails, this call's message was already arriving and the wait goes on
+    (docs/reliability.md, "How a foreign message is judged")."""
     start = time.monotonic()
     probe_at = start + _PROBE_AFTER
     spins = 0
-    done = {}  # receives the probe saw complete: index -> their status (Testall then reports them empty)
+    done = {}  # receives completed by a Test of their own: index -> status (Testall then reports them empty)
+    cancelled = set()  # receives whose cancel was asked: judged when they complete
     while not _testall(reqs, statuses):
         spins += 1
         if spins % _POLLS_PER_CHECK:
@@ -99,24 +111,39 @@ def poll_step(reqs, statuses, recvs, sends, limit, what, prober=None, tag=0):
         now = time.monotonic()
         if prober is not None and now > probe_at:
             probe_at = now + _PROBE_AFTER
-            for index, (peer, _, _) in enumerate(recvs):
-                if index in done:
-                    continue
-                status = MPI.Status()
-                if reqs[index].Test(status):
-                    done[index] = status
-                elif prober.foreign(peer, tag) is not None:
-                    raise MismatchError(foreign_message(what, peer))
+            _judge(reqs, peers, prober, done, cancelled, what)
         if now - start > limit:
             # Test() is true for a request that is done (or, persistent, inactive)
             still_open = [not req.Test() for req in reqs]
-            peers = [peer for peer, _, _ in recvs] + [peer for peer, _, _ in sends]
-            pending = sorted({peer for peer, waiting in zip(peers, still_open) if waiting})
-            silent = sorted({peer for (peer, _, _), waiting in zip(recvs, still_open) if waiting}) or pending
+            pending = sorted({peer for (peer, _, _), waiting in zip(peers, still_open) if waiting})
+            silent = sorted({peer for (peer, _, is_recv), waiting in zip(peers, still_open)
+                             if waiting and is_recv}) or pending
             raise timeout_error(what, silent, limit)
         os.sched_yield()  # at every deadline check: the peer may share this core
+    for index in cancelled:
+        if index not in done and statuses[index].Is_cancelled():
+            raise MismatchError(foreign_message(what, peers[index][0]))
     for index, status in done.items():
         statuses[index] = status
+
+
+def _judge(reqs, peers, prober, done, cancelled, what):
+    """One look at the open receives (see ``poll``): raise MismatchError where a cancel proved
+    that a peer sent another call's message before this call's."""
+    for index, (peer, tag, is_recv) in enumerate(peers):
+        if not is_recv or tag is None or index in done:
+            continue
+        req, status = reqs[index], MPI.Status()
+        if not req.Test(status):
+            if index in cancelled or prober.foreign(peer, tag) is None:
+                continue
+            req.Cancel()  # succeeds only if no message has matched the receive yet
+            cancelled.add(index)
+            if not req.Test(status):
+                continue  # matched and still arriving (or the cancel is under way): judged later
+        if index in cancelled and status.Is_cancelled():
+            raise MismatchError(foreign_message(what, peer))
+        done[index] = status
 
 
 class _PreparedStep:

@@ -309,8 +309,10 @@ class ShmTransport:
             now = time.monotonic()
             if now > probe_at and self.comm.signed:
                 probe_at = now + _PROBE_AFTER
-                for peer, _, _ in waiting:
-                    if self.comm.foreign(peer, tag) is not None:
+                for peer, need, h in waiting:
+                    # a peer's progress is written before its later calls' messages are sent: a
+                    # foreign message from a peer still short of ``need`` came before this call's step
+                    if self.comm.foreign(peer, tag) is not None and int(h[PROGRESS]) < need:
                         raise MismatchError(foreign_message(what, peer))
             if limit and now - start > limit:
                 raise timeout_error(what, sorted(peer for peer, _, _ in waiting), limit)

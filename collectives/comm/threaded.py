@@ -144,11 +144,22 @@ class ThreadComm(Communicator):
                 shared.waiting.pop(me, None)
 
     def foreign(self, peer, tag):
-        world = self._world
-        for (source, dest, other), queue in list(world.queues.items()):
-            if source == peer and dest == self.rank and queue and other // 8 != tag // 8:
-                return other
-        return None
+        """A queued message is matched (as MPI matches an envelope): where one of this call's
+        messages from ``peer`` is queued, still arriving or not, its later calls' messages are
+        no evidence of a mismatch; see docs/reliability.md, "How a foreign message is judged"."""
+        other = None
+        for (source, dest, got), queue in list(self._world.queues.items()):
+            if source == peer and dest == self.rank and queue:
+                if got // 8 == tag // 8:
+                    return None
+                other = got
+        return other
+
+    @staticmethod
+    def _arrived(queue):
+        """The first message of ``queue`` once it has arrived (None before), taken off the queue:
+        here every message arrives when it is sent; a transport with a latency overrides this."""
+        return queue.popleft() if queue else None
 
     def _wait(self, pending, world, shared, me, deadline, limit, what):
         probe_at = time.monotonic() + _PROBE_AFTER
@@ -158,9 +169,8 @@ class ThreadComm(Communicator):
                                   f"rank {shared.failed[0]} failed: {shared.failed[1]!r}")
             progressed = False
             for req in pending:
-                queue = world.queues.get(req.key)
-                if queue:
-                    data = queue.popleft()
+                data = self._arrived(world.queues.get(req.key))
+                if data is not None:
                     check_received(req.peer, req.nbytes, data.nbytes, what)
                     req.buf[...] = data.view(req.buf.dtype) if data.dtype != req.buf.dtype else data
                     req.done = True
