@@ -104,10 +104,36 @@ P, N = 64, 64 << 20
 ALPHA, BETA, GAMMA = 5e-6, 1 / 10e9, 1 / 20e9
 
 
+SEGMENT = 1 << 18  # the trees' default segment_bytes
+
+
+def _tree(p, n):
+    """tree.py's docstring: s segments of m bytes, D the depth of the heap's complete part."""
+    s = -(-n // SEGMENT)
+    m = n / s
+    if p == 2:
+        return 2 * s * (ALPHA + m * BETA) + m * GAMMA
+    depth = int(math.log2(p + 1)) - 1
+    return 4 * (s + depth - 1) * (ALPHA + m * BETA) + 2 * depth * m * GAMMA
+
+
+def _double_binary_tree(p, n):
+    """double_binary_tree.py's docstring: s segments of m bytes per half, n = 2^k or 2^k - 1."""
+    s = -(-(n // 2) // SEGMENT)
+    m = n / 2 / s
+    step = 2 * ALPHA + 2 * m * BETA + m * GAMMA
+    if p == 2:
+        return s * step
+    k = math.log2(p)
+    return (2 * (s + k) - 3) * step if k.is_integer() else 2 * (s + math.log2(p + 1) - 2) * step
+
+
 @pytest.mark.parametrize("algorithm, formula", [
     ("ring", lambda p, n: 2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * BETA + (p - 1) / p * n * GAMMA),
     ("recursive_doubling", lambda p, n: math.log2(p) * (ALPHA + n * BETA + n * GAMMA)),
     ("rabenseifner", lambda p, n: 2 * math.log2(p) * ALPHA + 2 * (p - 1) / p * n * BETA + (p - 1) / p * n * GAMMA),
+    ("tree", _tree),
+    ("double_binary_tree", _double_binary_tree),
 ])
 @pytest.mark.parametrize("p", [2, 8, P])
 def test_flat_network_matches_textbook_costs(algorithm, formula, p):
@@ -116,6 +142,72 @@ def test_flat_network_matches_textbook_costs(algorithm, formula, p):
                                  verify_data=False)
         expected = formula(p, n)
         assert abs(r.time - expected) <= 0.02 * expected, (algorithm, p, n, r.time, expected)
+
+
+@pytest.mark.parametrize("algorithm, formula", [("tree", _tree), ("double_binary_tree", _double_binary_tree)])
+@pytest.mark.parametrize("p", [4, 5, 7, 9, 16, 31, 33, 63, 65, 100])
+def test_the_trees_forms_hold_where_their_docstrings_say(algorithm, formula, p):
+    # exact at 2^k - 1 ranks, and at 2^k (the tree from 8); between, the time lies between the forms
+    # of the sizes around it: the tree's at 2^j - 1 and 2^(j+1) - 1, the double tree's at 2^k and
+    # 2^(k+1) - 1
+    pow2 = p & (p - 1) == 0
+    exact = (p + 1) & p == 0 or (pow2 and (algorithm == "double_binary_tree" or p >= 8))
+    if algorithm == "tree":
+        j = (p + 1).bit_length() - 1
+        bounds = (1 << j) - 1, (2 << j) - 1
+    else:
+        k = p.bit_length() - 1
+        bounds = 1 << k, (2 << k) - 1
+    for n in (1024, 1 << 20, N):
+        r = collectives.simulate(algorithm, ranks=p, nbytes=n, alpha=ALPHA, beta=BETA, gamma=GAMMA,
+                                 verify_data=False)
+        if exact:
+            assert r.time == pytest.approx(formula(p, n), rel=1e-9), (p, n)
+        else:
+            low, high = (formula(q, n) for q in bounds)
+            assert low * (1 - 1e-9) <= r.time <= high * (1 + 1e-9), (p, n, low, r.time, high)
+
+
+def test_a_ranks_link_is_full_duplex_and_each_side_queues_its_own_messages():
+    # one step: rank 0 sends to 1; rank 2 sends to 1, then to 0. On the emulated hosts' links (and
+    # in the model) 2's two sends share its outgoing side and 1's two receives its incoming side:
+    # everything is through after two message times. A model in which a message held its sender's
+    # and its receiver's ports at once ran 2 -> 0 only after 2 -> 1 got 1's receive port: three.
+    from collectives.plan import PlanBuilder
+    from collectives.simulate import timing
+
+    count, alpha, beta = 1000, 1e-6, 1e-9
+    plans = []
+    for rank, sends, recvs in ((0, [1], [2]), (1, [], [0, 2]), (2, [1, 0], [])):
+        b = PlanBuilder("probe", rank, 3, count)
+        b.scratch(2 * count)
+        b.step()
+        for peer in sends:
+            b.send(peer, 0, 0, count)
+        for k, peer in enumerate(recvs):
+            b.recv(peer, 2, k * count, (k + 1) * count)
+        plans.append(b.build())
+    one = alpha + count * beta
+    for waves in (True, False):
+        saved = timing.wave_times
+        if not waves:
+            timing.wave_times = lambda *a, **k: None
+        try:
+            finish, _, messages = timing.time_plans(plans, alpha, beta, 0.0, 1, None, True)
+        finally:
+            timing.wave_times = saved
+        assert max(finish) == pytest.approx(2 * one), waves
+        ends = {(src, dst): end for start, end, src, dst, *_ in messages}
+        assert ends[(0, 1)] == pytest.approx(one) and ends[(2, 0)] == pytest.approx(2 * one), (waves, ends)
+
+
+@pytest.mark.parametrize("p", [64, 1024])
+def test_double_binary_tree_keeps_up_with_the_ring_from_64_mib(p):
+    # issue 38: 64 MiB, alpha 2 us, beta 0.1 ns/B, gamma 0: within 1.15x the ring (2N beta against
+    # the ring's 2(n-1)/n N beta, plus 2 lg n pipeline steps), where the old port model had 1.9x
+    times = {name: collectives.simulate(name, ranks=p, nbytes=64 << 20, alpha=2e-6, beta=1e-10, gamma=0.0,
+                                        verify_data=False).time for name in ("ring", "double_binary_tree")}
+    assert times["double_binary_tree"] <= 1.15 * times["ring"], times
 
 
 def test_bytes_steps_and_critical_path():

@@ -5,16 +5,42 @@ height trailing_zeros(x)), in which every even rank is a leaf. Tree B is tree A
 shifted by one rank, in which every odd rank (and the last) is a leaf, so each
 rank is interior in at most one tree. The first half of the buffer reduces
 and broadcasts over tree A, the second over tree B, both pipelined over
-segments of ``segment_bytes`` and in the same steps; the two trees talk on
-separate channels. This is the layout NCCL uses across nodes.
+s = ceil(N / 2 / segment_bytes) segments of m = N/(2s) bytes and in the same
+steps; the two trees talk on separate channels. This is the layout NCCL uses
+across nodes.
 
 Steps: 2(d + s) for depth d = ceil(lg n) and s segments per half.
-Bytes sent per rank: about N (N/2 up and down in the tree where it is
-interior, N/2 up and nothing down where it is a leaf, plus the second child).
-Cost: about 2(d + s - 1)(alpha + N/(2s) beta) + N gamma per rank, i.e. full
-bandwidth with latency logarithmic in n.
-Limits: deeper than the heap tree by one level; shines where latency in n
-matters (many ranks) and messages are large enough to fill the pipeline.
+Bytes per rank: a rank with two children in its tree sends N/2 to each parent
+(reduce) and N/2 to each child (broadcast), and receives as much: 2N each way;
+ranks with one child or none move less. The ring moves 2(n-1)/n N each way.
+Cost (alpha-beta-gamma; the simulator's flat network, a rank's link full
+duplex, docs/concepts.md#a-ranks-link): in every step of either phase a rank sends at most
+two segments and receives at most two (one per tree), so a step takes
+2(alpha + m beta) on its busier port, then m gamma per segment reduced:
+    T = (2(s + k) - 3)(2 alpha + 2 m beta + m gamma)    (n = 2^k >= 4)
+    T = 2(s + k - 2)(2 alpha + 2 m beta + m gamma)      (n = 2^k - 1 >= 7)
+    T = s (2 alpha + 2 m beta + m gamma)                (n = 2)
+exact in the simulator (tests/test_simulate.py); between 2^k and 2^(k+1) - 1
+ranks it lies between the two forms, one step apart. ``cost``, auto's model, is
+the coarser 2(s + d - 1)(2 alpha + 2 m beta + m gamma), d = ceil(lg n): one step
+over the forms, and twice the time at n = 2: the order it gives the algorithms
+is what auto's candidates follow, so it is kept.
+Bandwidth term: 2 N beta, the two-tree algorithms' (reduce N beta, then
+broadcast N beta), as the ring's 2(n-1)/n N beta for large n; latency 2 lg n
+steps, not 2(n-1).
+Overlapping the reduce and the broadcast would put four messages on each port
+per step in half the steps: the same bandwidth term, one pipeline fill saved.
+Where the simulator once put it at 1.9x the ring (issue 38): its port model,
+not this schedule. A message then held its sender's send port and its
+receiver's receive port at once, so a rank's second send waited on a peer's
+busy receive port while its own port idled, and such waits chained through both
+trees: a step took well over two message times. With each side of a link its
+own queue, as on the emulated hosts, the same plans meet the form above
+(docs/performance.md#double-binary-tree).
+Limits: the busiest ranks' 2N against the ring's 2(n-1)/n N makes it slower than
+the ring on few ranks (4/3 of the ring's link time at n = 4, whatever the
+segment size); it wins where the ring's 2(n-1) latencies dominate. The
+reduction is not overlapped with the step's messages (gamma per segment adds).
 Reference: Sanders, Speck and Träff, Parallel Computing 35(12), 2009; NCCL 2.4
 ("Massively scale your deep learning training with NCCL 2.4", NVIDIA, 2019).
 """

@@ -1,17 +1,32 @@
 """Binary tree all-reduce: pipelined reduce up a tree, then pipelined broadcast down.
 
 Idea: ranks form a binary heap (parent of i is (i-1)//2). The buffer is cut
-into segments of ``segment_bytes``; in each step a rank receives one segment
-from each child, reduces it into its own and passes the previous segment up,
-so the levels of the tree work on different segments at once. The root's
-finished segments then flow down the same tree, forwarded one step behind.
+into s = ceil(N / segment_bytes) segments of m = N/s bytes; in each step a rank
+receives one segment from each child, reduces it into its own and passes the
+previous segment up, so the levels of the tree work on different segments at
+once. The root's finished segments then flow down the same tree, forwarded one
+step behind.
 
 Steps: 2(d + s) for depth d = floor(lg n) and s segments.
 Bytes sent per rank: N up and up to 2N down (an interior rank sends to two
-children), so about 2N for interior ranks and N for leaves.
-Cost: 2(d + s - 1)(alpha + N/s beta) + (d + s - 1) 2 N/s gamma; with the best
-segment count this approaches 2 N beta(+gamma) plus a latency term in lg n.
-Limits: interior ranks send twice what leaves do (the double binary tree
+children); received: up to 2N up and N down. So an interior rank's link
+carries 3N each way at most, and its busier side 2N per phase.
+Cost (alpha-beta-gamma; the simulator's flat network, docs/concepts.md#a-ranks-link): every
+step an interior rank receives two segments (reduce) or sends two (broadcast),
+so each phase is s + D - 1 steps of 2(alpha + m beta), D = floor(lg(n+1)) - 1
+the depth of the tree's complete part (a last level of one rank adds no
+step):
+    T = 4(s + D - 1)(alpha + m beta) + 2 D m gamma        (n >= 3)
+    T = 2 s (alpha + m beta) + m gamma                    (n = 2: one child)
+exact in the simulator at n = 2^k - 1 and, from 8, 2^k (tests/test_simulate.py);
+otherwise between the forms at the sizes 2^j - 1 around n (a fuller last level
+adds up to one message per phase). ``cost``, auto's model, is the coarser bound
+4(s + d - 1)(alpha + m beta) + 2(s + d - 1) m gamma (a level more, every
+reduction on the path): the order it gives the algorithms is what auto's
+candidates follow, so it is kept. The reductions of
+steady state overlap the children's next messages (only the pipeline fill's
+are on the path). Bandwidth term: 4 N beta, twice the ring's; latency in lg n.
+Limits: interior ranks move twice what leaves do (the double binary tree
 fixes that); the root is the last to finish the reduction.
 Reference: Sanders, Speck and Träff, "Two-tree algorithms for full bandwidth
 broadcast, reduction and scan", Parallel Computing 35(12), 2009.

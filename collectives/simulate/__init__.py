@@ -4,11 +4,14 @@
 builds the plan of every rank with the algorithm's own ``build`` (no second copy of any
 algorithm exists), then
 
-- runs them through a discrete-event model: a message of m bytes takes alpha + m beta, a
-  rank sends one message and receives one at a time (its send and receive ports), messages
-  take their ports in the order of their post time, ties broken by message index (the lower
-  rank, then the earlier step, then post order: a deterministic model), a rank's step ends
-  when all its messages have, and reducing m bytes costs m gamma;
+- runs them through a discrete-event model: a message of m bytes takes alpha + m beta; a
+  rank's link is full duplex, a send port and a receive port, each carrying one message at a
+  time, in the order of their post time, ties broken by message index (the lower rank, then the
+  earlier step, then post order: a deterministic model); a message takes a turn on its
+  sender's send port and, on a queue of its own, a turn on its receiver's receive port, and
+  ends when both carried it (so a rank sends to one peer while another sends to it, as the
+  emulated hosts' links do: docs/concepts.md#a-ranks-link); a rank's step ends when all its messages
+  have, and reducing m bytes costs m gamma;
 - checks them symbolically (``collectives.symbolic``): every element of every rank's output
   ends reduced from every rank exactly once, FINAL applied once, out of place and in place;
   a broken rule sets ``verified=False`` and ``verify_error`` to the ``PlanError``'s text. The

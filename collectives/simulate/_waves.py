@@ -1,11 +1,11 @@
 """The timing model without the event loop: every rank at once, one vectorised wave per step.
 
 The event loop (``collectives.simulate.timing``) handles messages in the order of their post
-time, ties broken by message index (rank, then step, then post order), and each message holds
-its ports (the sender's send port and the receiver's receive port) from ``max(post, each port
-free)`` for its duration; with a shared NIC, a message between nodes takes a turn of its duration
-on each of the two nodes' links, each from ``max(post, that link free)``, and ends at the later
-turn's end. So on every port the messages queue in (post time, index) order, and a schedule in
+time, ties broken by message index (rank, then step, then post order), and each message takes
+a turn of its duration on its sending side (the sender's send port) and one on its receiving
+side (the receiver's receive port), each from ``max(post, that port free)``, and ends at the
+later turn's end; with a shared NIC, a message between nodes takes its turns on the two nodes'
+links instead. So on every port the messages queue in (post time, index) order, and a schedule in
 which every port serves its messages in that order, each from the latest of its post time and
 the end of its port's previous message, is the event loop's answer (with durations above zero,
 by induction over that order).
@@ -52,27 +52,20 @@ class _Ports:
         self.issued = np.zeros(len(dur), bool)
 
     def ports_of(self, ids):
-        """Per message of ``ids``: its ports and the positions they belong to, whether the
-        first list is the senders' own send ports, and the messages queued on their second link
-        apart (their positions; that queue's entries are at ``len(ids)`` on). A message inside a
-        node holds its sender's send port and its receiver's receive port together; with a shared
-        NIC, a message between nodes takes its turn on the sending node's outgoing link and, on its
-        own queue, the receiving node's incoming link instead, and ends when both carried it."""
+        """Per message of ``ids``, two turns: its sending side (the sender's send port, or with a
+        shared NIC and between nodes the sending node's outgoing link) at positions 0..n-1, and its
+        receiving side (the receiver's receive port, or the receiving node's incoming link) at
+        n..2n-1, each side a queue of its own; and whether every sending side is the sender's own
+        send port. A message ends when both its sides carried it."""
         f, p = self.f, self.p
-        pos = np.arange(len(ids))
+        n = len(ids)
+        out, into = f.s_rank[ids], p + f.s_peer[ids]
         inter = self.nic[ids] if self.nic is not None else None
-        if inter is None or not inter.any():
-            return [f.s_rank[ids], p + f.s_peer[ids]], [pos, pos], True, None
-        ports, owners = [], []
-        local = ~inter
-        if local.any():
-            sel = ids[local]
-            ports += [f.s_rank[sel], p + f.s_peer[sel]]
-            owners += [pos[local], pos[local]]
-        sel, across = ids[inter], pos[inter]
-        ports += [2 * p + self.node[f.s_rank[sel]], 2 * p + self.nodes + self.node[f.s_peer[sel]]]
-        owners += [across, len(ids) + np.arange(len(sel))]
-        return ports, owners, bool(local.any()), across
+        own = inter is None or not inter.any()
+        if not own:
+            out = np.where(inter, 2 * p + self.node[f.s_rank[ids]], out)
+            into = np.where(inter, 2 * p + self.nodes + self.node[f.s_peer[ids]], into)
+        return [out, into], [np.arange(n), n + np.arange(n)], own
 
     def in_order(self, port, ids, post):
         """True when ``ids`` (each the first of the wave on ``port``) follow the port's last."""
@@ -83,23 +76,18 @@ class _Ports:
         """Start the messages ``ids`` (sorted by (post, index)) as the event loop would."""
         if not ids.size:
             return ids
-        ports, owners, own, across = self.ports_of(ids)
+        ports, owners, own = self.ports_of(ids)
         n = len(ids)
-        if across is not None:  # the incoming links' turns: entries of their own
-            ids, post = np.concatenate([ids, ids[across]]), np.concatenate([post, post[across]])
+        ids, post = np.concatenate([ids, ids]), np.concatenate([post, post])  # a turn per side
         dur = self.dur[ids]
         port = np.concatenate(ports)
         longest = int(np.bincount(port, minlength=self.nports).max())
         if longest <= 1:  # no queue: each port once
-            start = post
+            start = post.copy()
             for i, (q, o) in enumerate(zip(ports, owners)):
                 if self.check and (i or not own) and not self.in_order(q, ids[o], post[o]):
                     return self.refuse()  # (a rank's own send port serves it in index order)
-                if len(o) == len(ids):
-                    start = np.maximum(start, self.free[q])
-                else:  # ports of some of the messages (inside or between nodes)
-                    start = start.copy()
-                    start[o] = np.maximum(start[o], self.free[q])
+                start[o] = np.maximum(start[o], self.free[q])
             end = start + dur
             for q, o in zip(ports, owners):
                 self.free[q] = end[o]
@@ -132,11 +120,10 @@ class _Ports:
             last = owner[tail]
             self.free[port[tail]] = end[last]  # the last message of each queue ends last
             self.last_post[port[tail]], self.last_id[port[tail]] = post[last], ids[last]
-        if across is not None:  # a message between nodes ends when both its links carried it
-            turn = end[n:]
-            ids, start, end, dur = ids[:n], start[:n].copy(), end[:n].copy(), dur[:n]
-            end[across] = np.maximum(end[across], turn)
-            start[across] = end[across] - dur[across]
+        # a message ends when both its sides carried it
+        ids, dur = ids[:n], dur[:n]
+        end = np.maximum(end[:n], end[n:])
+        start = end - dur
         self.start[ids], self.end[ids] = start, end
         self.issued[ids] = True
         return ids

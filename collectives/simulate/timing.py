@@ -1,11 +1,14 @@
 """The simulator's timing model: a discrete-event run of every rank's plan (``collectives.flat``).
 
-A message of m bytes holds its sender's send port and its receiver's receive port for alpha + m
-beta, starting in the order of its post time, ties broken by message index (the lower rank first,
-then the earlier step, then post order: a deterministic model). With a shared NIC, a message
-between nodes takes its turn on the sending node's outgoing link and, on a queue of its own, on
-the receiving node's incoming link instead (alpha + m beta on each, each link serving its
-messages in that order), and ends when both links have carried it. On fair links
+A message of m bytes takes a turn of alpha + m beta on its sender's send port and, on a queue of
+its own, one on its receiver's receive port (a rank's link is full duplex: its two ports serve
+apart), each port serving its messages one at a time in the order of their post time, ties
+broken by message index (the lower rank first, then the earlier step, then post order: a
+deterministic model), and ends when both turns have. With a shared NIC, a message between nodes
+takes its turns on the sending node's outgoing link and the receiving node's incoming link
+instead of the ranks' ports. (Before, a message held both ports at once: a rank's sends then
+waited on the receive ports of their peers, which the emulated hosts' links never do;
+docs/concepts.md#a-ranks-link.) On fair links
 (``Topology(sharing="fair")``) each link instead carries every message crossing it at once at an
 equal share of its rate (``_FairLinks``), and a message that finds its link idle has the link's
 burst taken off. A rank's step ends when all its messages have, then its reductions take gamma
@@ -26,9 +29,9 @@ BACK_TO_BACK_ROUNDS = 20  # at most this many calls timed to find the links' tok
 
 
 def time_plans(plans, alpha, beta, gamma, itemsize, topology, record, flat=None):
-    """Discrete-event model: messages start in order of their post time, each holds its
-    sender's send port and its receiver's receive port for alpha + m beta (with a shared NIC and
-    between nodes, a turn on each of the two nodes' links instead, ending at the later turn's end);
+    """Discrete-event model: messages start in order of their post time, each takes a turn of
+    alpha + m beta on its sender's send port and one on its receiver's receive port (with a shared
+    NIC and between nodes, on the two nodes' links instead), ending at the later turn's end;
     a step ends when all its messages have, then its reductions take gamma per byte. Returns
     (finish per rank, links, messages): ``links`` is, per global step, the message that ended it
     last (for the critical path). With ``topology.back_to_back`` the call is timed again, each
@@ -224,24 +227,19 @@ def _time_call(f, alpha, beta, gamma, itemsize, topology, record, tokens=None):
                     push(heap, (when, -1 - link))
                 links_fair.wake.clear()
                 continue
-            if nic_arr is not None and nic_arr[i]:  # across nodes: the two nodes' links (each its own
-                ns_, nd_ = node_of[src], node_of[dst]  # queue), not the ranks' ports; done when both carried it
-                out_end = (ready if ready > nic_s[ns_] else nic_s[ns_]) + dur[i]
-                in_end = (ready if ready > nic_r[nd_] else nic_r[nd_]) + dur[i]
-                nic_s[ns_] = out_end
-                nic_r[nd_] = in_end
-                end = out_end if out_end > in_end else in_end
-                start = end - dur[i]
+            # a turn on the sending side and one, on its own queue, on the receiving side: the
+            # ranks' send and receive ports, or across nodes with a shared NIC the two nodes'
+            # links; the message is done when both sides carried it
+            if nic_arr is not None and nic_arr[i]:
+                out, o, inn, n_ = nic_s, node_of[src], nic_r, node_of[dst]
             else:
-                start = ready
-                if send_free[src] > start:
-                    start = send_free[src]
-                if recv_free[dst] > start:
-                    start = recv_free[dst]
-                end = start + dur[i]
-                send_free[src] = end
-                recv_free[dst] = end
-            deliver(i, start, end)
+                out, o, inn, n_ = send_free, src, recv_free, dst
+            out_end = (ready if ready > out[o] else out[o]) + dur[i]
+            in_end = (ready if ready > inn[n_] else inn[n_]) + dur[i]
+            out[o] = out_end
+            inn[n_] = in_end
+            end = out_end if out_end > in_end else in_end
+            deliver(i, end - dur[i], end)
     stuck = [r for r in range(p) if cur[r] < last[r]]
     if stuck:
         raise PlanError(f"deadlock: ranks {stuck[:8]} never finish (step {cur[stuck[0]] - first[stuck[0]]})")

@@ -14,8 +14,8 @@ class Topology:
     count); (alpha, beta) inside a node and between nodes. With ``shared_nic``, a message between
     nodes takes a turn on the sending node's outgoing link and one on the receiving node's
     incoming link (each link shared by the node's ranks and serving one message at a time, each
-    on its own queue) instead of holding its ranks' ports, and ends when both links carried it;
-    without, it holds the ranks' ports only.
+    on its own queue) instead of its ranks' ports, and ends when both links carried it; without,
+    it takes its turns on the ranks' send and receive ports, as every message inside a node does.
 
     ``sharing`` says how a shared link serves the messages that cross it at once: ``"queue"``
     (the default) one at a time in the order they were posted; ``"fair"`` all at once, each at
