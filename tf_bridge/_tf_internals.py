@@ -25,6 +25,10 @@ Private things used here (all verified on TensorFlow 2.21 / Keras 3.15):
 * ``resource_variable_ops.ResourceVariable`` constructed directly: a plain variable
   (our op's call counter) even inside a strategy's scope, where ``tf.Variable``
   would make a MirroredVariable.
+* ``context.context().configure_coordination_service`` (with ``multi_worker_util.coordination_leader``
+  and ``coordination_config_pb2.CoordinatedJob``): the coordination service
+  MultiWorkerMirroredStrategy would configure itself, with a bound on the workers'
+  registration (``bound_registration``), set before the strategy is made.
 """
 import re
 
@@ -56,9 +60,12 @@ def check_version(version=None):
 
 check_version()
 
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as _coordination  # noqa: E402
 from tensorflow.python.distribute import cross_device_ops as _cdo  # noqa: E402
+from tensorflow.python.distribute import multi_worker_util as _multi_worker_util  # noqa: E402
 from tensorflow.python.distribute import distribute_utils as _distribute_utils  # noqa: E402
 from tensorflow.python.distribute import values as _values  # noqa: E402
+from tensorflow.python.eager import context as _context  # noqa: E402
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops  # noqa: E402
 
 PerReplica = _values.PerReplica
@@ -113,6 +120,27 @@ def install_cross_device_ops(strategy, ops):
                               f"tf_bridge/_tf_internals.py needs updating for TensorFlow {tf.__version__}")
         setattr(extended, attr, ops)
     return strategy
+
+
+def bound_registration(seconds):
+    """Configure the coordination service as MultiWorkerMirroredStrategy does (from TF_CONFIG; it
+    keeps a service already configured), with the workers' registration bounded by ``seconds``
+    (0: TensorFlow's own bound): past it TensorFlow's start-up raises instead of waiting. A no-op
+    where a service is configured already or TF_CONFIG names no worker or chief."""
+    ctx = _context.context()
+    if ctx.coordination_service is not None:
+        return False
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = resolver.cluster_spec()
+    jobs = [_coordination.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+            for job in ("chief", "worker") if job in spec.jobs]
+    if not jobs or resolver.task_type not in ("chief", "worker"):
+        return False
+    ctx.configure_coordination_service(service_type="standalone",
+                                       service_leader=_multi_worker_util.coordination_leader(spec),
+                                       coordinated_jobs=jobs,
+                                       cluster_register_timeout_in_ms=int(seconds * 1000))
+    return True
 
 
 def worker_count(strategy):
