@@ -165,8 +165,8 @@ def pick(comm, sendbuf, recvbuf, shm, shared, allreduce, barrier):
     new array; ``sendbuf``: in place) on ``comm`` (``shm``: shared memory can carry it;
     ``shared``: ``sendbuf`` is a shared array, which the shared-memory transport reads where it
     lies, so it is keyed apart): the pick the ranks agreed on for this bucket, else rank 0's
-    stored one, else measured now. ``allreduce`` and ``barrier`` are the public calls (this
-    module sits below the API)."""
+    stored one, else measured now. ``allreduce`` (the call pipeline's own path, never the public
+    function) and ``barrier`` are handed in: this module sits below the pipeline."""
     dtype, nbytes, in_place = sendbuf.dtype, sendbuf.nbytes, recvbuf is sendbuf
     name = _comm_key(comm, dtype, nbytes, in_place, shared)
     agreed = comm.session.picks.get(name)

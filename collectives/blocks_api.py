@@ -6,7 +6,7 @@ the cached plan, and runs it with the call's signature in its tags.
 import numpy as np
 
 from . import blocks as _blocks
-from .api import _as_array, _run, _ufuncs, _usable, maybe_check, signature
+from .calls import as_array as _as_array, maybe_check, run_plan as _run, signature, ufuncs as _ufuncs, usable as _usable
 from .backend import NUMPY, backend_for
 from .ops import DTYPES, check_op_dtype
 from .plan import block_bounds

@@ -57,7 +57,7 @@ def _show(field, value):
 
 def agree(comm, kind, algorithm, op, dtype, count, params):
     from . import blocks
-    from .api import _run
+    from .calls import run_plan as _run
     from .backend import NUMPY
 
     mine = encode(kind, algorithm, op, dtype, count, params)

@@ -3,7 +3,7 @@
 Each communicator gets one progress thread and a communicator of its own for it (split from the
 caller's on the first ``iallreduce``, a collective step, so every rank makes its first one at the
 same point of its program): the thread runs the posted requests one after another, in posting
-order, with the blocking call's code (collectives/direct_call.py; plans, compression, bounded
+order, along the blocking call's path (collectives/pipeline.py: plans, compression, bounded
 waits), while the caller computes. Messages of requests never mix with the caller's blocking
 calls, which keep the caller's communicator.
 
@@ -30,7 +30,8 @@ from collections import deque
 
 import numpy as np
 
-from . import api as _api
+from . import calls as _calls
+from . import pipeline as _pipeline
 from . import config
 from .comm import base as _comm_base
 from .errors import CollectiveError, CollectiveTimeout
@@ -153,31 +154,14 @@ def _progress_of(comm):
 
 
 def _validate(sendbuf, recvbuf, op, algorithm, comm, options, compression, scope, residual):
-    """The blocking call's argument checks, on the caller's thread, before anything is posted."""
-    from . import compression as _compression
-    from .ops import check_op_dtype
-    import importlib
-
-    algorithms = importlib.import_module("collectives.algorithms")
+    """The blocking call's argument checks (the pipeline's ``Call``), on the caller's thread,
+    before anything is posted; an algorithm's options are resolved here too."""
     if not isinstance(sendbuf, np.ndarray):
         raise ValueError(f"iallreduce takes host (NumPy) arrays, got {type(sendbuf).__name__}")
-    check_op_dtype(op, sendbuf.dtype)
+    call = _pipeline.Call(sendbuf, recvbuf, op, algorithm, options, compression, scope, residual,
+                          point_to_point=True)
     if algorithm != "auto":
-        opts = {k: v for k, v in options.items() if k != "transport"}
-        algorithms.resolve(algorithm, opts, comm.hosts, comm.size)
-    if recvbuf is not None and recvbuf is not sendbuf and (
-            not isinstance(recvbuf, np.ndarray) or recvbuf.shape != sendbuf.shape or recvbuf.dtype != sendbuf.dtype):
-        raise ValueError(f"recvbuf must match sendbuf: got shape {getattr(recvbuf, 'shape', None)} dtype "
-                         f"{getattr(recvbuf, 'dtype', None)}, expected shape {sendbuf.shape} dtype {sendbuf.dtype}")
-    if compression not in (None, "none"):
-        _compression.check(compression, scope, sendbuf.dtype)
-    elif (residual is not None or scope != "across_hosts") and (compression == "none"
-                                                                 or _compression.env_default() is None):
-        raise ValueError(f"{'residual' if residual is not None else 'compression_scope'} needs compression= "
-                         f"(bf16 or fp16) or COLLECTIVES_COMPRESSION")
-    from .direct_call import check_residual
-
-    check_residual(residual, sendbuf, recvbuf)
+        _pipeline._algorithms.resolve(algorithm, call.options, comm.hosts, comm.size)
 
 
 def iallreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, compression=None,
@@ -188,9 +172,7 @@ def iallreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, 
     The plan runs on the communicator's progress thread, requests in posting order; every rank
     must post the same requests in the same order. Do not touch ``sendbuf``, ``recvbuf`` or
     ``residual`` until ``wait()`` returns."""
-    from .direct_call import allreduce as _direct
-
-    ours = _api._usable(comm)
+    ours = _calls.usable(comm)
     _validate(sendbuf, recvbuf, op, algorithm, ours, options, compression, compression_scope, residual)
     result = np.empty(sendbuf.shape, sendbuf.dtype) if recvbuf is None else recvbuf
     progress = _progress_of(ours)
@@ -200,7 +182,8 @@ def iallreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, 
     options = dict(options)
 
     def call():
-        return _direct(sendbuf, result, op, algorithm, target, options, compression, compression_scope, residual)
+        return _pipeline.call(sendbuf, result, op, algorithm, target, options, compression, compression_scope,
+                              residual, point_to_point=True)
 
     request = AllreduceRequest(progress.posted, what, call)
     progress.post(request)
@@ -225,7 +208,7 @@ def waitall(requests, timeout=None):
 
 def open_requests(comm=None):
     """How many requests posted on ``comm`` have not finished."""
-    found = _progress.get(_api.as_comm(comm))
+    found = _progress.get(_calls.as_comm(comm))
     return 0 if found is None else found.open_requests()
 
 

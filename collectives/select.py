@@ -301,3 +301,49 @@ def log_choice(comm, nbytes, dtype, name, why):
 def reset():
     _choices.clear()
     _logged.clear()
+
+
+def calibrate(comm, sendbuf, recvbuf, measured_call):
+    """(algorithm, transport, why) for an ``auto`` call on one node with no tuning table: the pick
+    stored for this machine, else measured now on the caller's buffers (collectives/autotune.py).
+    ``measured_call``: the pipeline's own call path, which the measurement times."""
+    from . import autotune
+    from .comm import shm as _shm  # imports mpi4py: calibration runs under MPI only
+    from .comm.shm_arrays import is_shared
+
+    shared = sendbuf.flags.c_contiguous and is_shared(comm, sendbuf)
+    return autotune.pick(comm, sendbuf, recvbuf, _shm.available(comm), shared, measured_call, _barrier)
+
+
+def _barrier(comm):
+    comm.barrier("barrier")
+
+
+def choose_compressed(comm, nbytes, dtype, fmt, scope, algorithm):
+    """The algorithm of a compressed call: forced, named, or by the cost model with the wire's bytes
+    (the tuning table measured uncompressed messages, so it is not asked); kept in the session."""
+    if algorithm != "auto" or config.forced_algorithm() is not None:
+        return pair_for(algorithm, comm, nbytes, dtype)[0]
+    from .compression import wire_ratio
+
+    hosts = topology(comm) if comm.size > 1 else (tuple(range(comm.size)),)
+    key = (comm.size, nbytes, dtype, hosts, fmt, scope)
+    choices = comm.session.choices
+    hit = choices.get(key)
+    if hit is None:
+        ratio = wire_ratio(fmt, dtype.itemsize)
+        beta = BETA * ratio if scope == "all" else BETA
+        if len(hosts) > 1:
+            candidates = [n for n in _algorithms.names() if n != "shm"]
+            name, costs = two_level_choice(hosts, nbytes, beta=beta, beta_inter=BETA_INTER * ratio,
+                                           candidates=candidates)
+            why = f"two-level cost model with {fmt} on the wire, {describe_topology(hosts)}"
+        else:
+            candidates = [n for n in _algorithms.names() if n not in ("shm", "two_level")]
+            name, costs = cost_choice(comm.size, nbytes, beta=beta, candidates=candidates)
+            why = f"cost model with {fmt} on the wire ({scope})"
+        hit = choices[key] = (name, f"{why} ({costs[name] * 1e6:.1f} us predicted)")
+        if len(choices) > 4096:
+            choices.clear()
+    log_choice(comm, nbytes, dtype, *hit)
+    return hit[0]

@@ -1,8 +1,8 @@
 """The session: everything the library holds for one communicator, freed with it.
 
 A communicator (``Communicator.session``) owns one: its prepared programs (small messages and
-mid-size calls bound to their buffers, over its transport), the call shapes a repeated call
-looks up, the executor's scratch (one buffer per backend and dtype, shared by every algorithm)
+mid-size calls bound to their buffers, over its transport), the bound calls a repeated call
+looks up (the call pipeline's fast path, collectives/pipeline.py), the executor's scratch (one buffer per backend and dtype, shared by every algorithm)
 and the shared windows of its shared-memory paths. Nothing of a communicator lives in
 module-level caches or in other modules' attributes on it: ``close()`` (run when the
 communicator is released) frees the windows and drops the rest.
@@ -23,11 +23,13 @@ _plans_lock = threading.Lock()  # threaded worlds and progress threads share the
 
 
 class Session:
-    __slots__ = ("programs", "shapes", "scratch", "windows", "picks", "__weakref__")
+    __slots__ = ("programs", "shapes", "last", "choices", "scratch", "windows", "picks", "__weakref__")
 
     def __init__(self):
         self.programs = OrderedDict()  # (algorithm, op, dtype, count, params) -> Program
-        self.shapes = {}  # (algorithm, op, dtype, count, options, in place) -> what a repeated allreduce call needs
+        self.shapes = {}  # (algorithm, op, dtype, count, options, in place) -> the pipeline's Bound of that call
+        self.last = None  # the last repeated call's buffers with its Bound (a tuple, replaced whole)
+        self.choices = {}  # compressed calls' (size, bytes, dtype, hosts, format, scope) -> (algorithm, why)
         self.scratch = {}  # (backend name, dtype) -> buffer
         self.windows = {}  # name -> a shared window object with free() and nbytes
         self.picks = {}  # autotune key -> (algorithm, transport, why) the ranks agreed on for auto
@@ -77,6 +79,8 @@ class Session:
         """Drop cached programs and call shapes (scratch and windows stay)."""
         self.programs.clear()
         self.shapes.clear()
+        self.last = None
+        self.choices.clear()
         self.picks.clear()
 
     def close(self):

@@ -89,10 +89,12 @@ def at(offset, count, dtype=np.float32):
 
 
 def reduction_spy(monkeypatch, api):
-    """Every reduction the library runs from here on, as (output address, bytes): ``api._ufuncs``
+    """Every reduction the library runs from here on, as (output address, bytes): ``calls.ufuncs``
     wrapped for the test (``monkeypatch`` undoes it; call ``collectives.clear_caches()`` after, so
     that no memo keeps the wrapper)."""
-    real, outs = api._ufuncs, []
+    from collectives import calls, pipeline
+
+    real, outs = calls.ufuncs, []
 
     def spied(*args):
         fn, final = real(*args)
@@ -101,6 +103,7 @@ def reduction_spy(monkeypatch, api):
             outs.append((out.__array_interface__["data"][0], out.nbytes))
             return fn(a, b, out=out)
         return reduce_fn, final
-    monkeypatch.setattr(api, "_ufuncs", spied)
+    monkeypatch.setattr(calls, "ufuncs", spied)
+    monkeypatch.setattr(pipeline, "ufuncs", spied)
     collectives.clear_caches()  # no memo holds the unspied ufunc
     return outs

@@ -259,24 +259,26 @@ def test_ranks_that_disagree_on_compression_get_a_mismatch_error(monkeypatch):
 
 
 def test_auto_picks_with_the_wire_bytes(monkeypatch):
-    from collectives import direct_call, select
+    from collectives import select
+    from collectives.session import Session
 
     class Fake:
         size, rank = 4, 0
         mpi_comm = None
+        session = Session()
 
         def node_colors(self):
             return (0, 0, 1, 1)
 
     hosts = ((0, 1), (2, 3))
-    name = direct_call._choose(Fake(), 16 << 20, np.dtype(np.float32), "bf16", "across_hosts", "auto")
+    name = select.choose_compressed(Fake(), 16 << 20, np.dtype(np.float32), "bf16", "across_hosts", "auto")
     candidates = [a for a in collectives.algorithms() if a != "shm"]
     _, exact_costs = select.two_level_choice(hosts, 16 << 20, candidates=candidates)
     _, wire_costs = select.two_level_choice(hosts, 16 << 20, beta_inter=select.BETA_INTER / 2, candidates=candidates)
     assert name == min(wire_costs, key=wire_costs.get) and name != "shm"
     assert wire_costs[name] < exact_costs[name]
     monkeypatch.setenv("COLLECTIVES_ALGO", "ring")
-    assert direct_call._choose(Fake(), 16 << 20, np.dtype(np.float32), "bf16", "across_hosts", "auto") == "ring"
+    assert select.choose_compressed(Fake(), 16 << 20, np.dtype(np.float32), "bf16", "across_hosts", "auto") == "ring"
 
 
 def test_environment_default_takes_scope_and_residual(monkeypatch):

@@ -143,7 +143,7 @@ def test_a_prepared_steps_requests_follow_the_eager_limit(monkeypatch, times, li
     if limit is not None:
         monkeypatch.setenv("COLLECTIVES_EAGER_LIMIT", limit)
     count = int(eager * times) // 4
-    if count * 4 > collectives.api.PROGRAM_MAX_BYTES:
+    if count * 4 > collectives.calls.PROGRAM_MAX_BYTES:
         pytest.skip(f"{count * 4} B is past the small-message programs ({mpilib.describe()}'s limit: {eager} B)")
     sub = WORLD.Dup()
     y = collectives.allreduce(np.ones(count, np.float32), comm=sub, algorithm="recursive_doubling")

@@ -10,7 +10,7 @@ pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
 import collectives  # noqa: E402
-from collectives import api  # noqa: E402
+from collectives import api, calls  # noqa: E402
 from collectives.executor import BoundProgram  # noqa: E402
 from tests.helpers import agree_all, bitwise_alike  # noqa: E402
 
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 WORLD = MPI.COMM_WORLD
 RANK, N = WORLD.rank, WORLD.size
 # between the small-message programs and the bound limit; one odd count
-COUNTS = [api.PROGRAM_MAX_BYTES // 4 + 1000, api.BOUND_MAX_BYTES // 4 - 7]
+COUNTS = [calls.PROGRAM_MAX_BYTES // 4 + 1000, calls.BOUND_MAX_BYTES // 4 - 7]
 # shm runs on the shared-memory transport, which has no prepared programs
 ALGORITHMS = [name for name in collectives.algorithms() if name != "shm"]
 
@@ -115,7 +115,7 @@ def test_a_mismatch_after_binding_is_an_error_on_every_rank(comm, monkeypatch):
 
 def test_the_budget_caps_what_bound_programs_hold(comm, monkeypatch):
     monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
-    monkeypatch.setattr(api, "BOUND_BUDGET", 0)
+    monkeypatch.setattr(calls, "BOUND_BUDGET", 0)
     x = data(COUNTS[1], seed=3)
     out = np.empty_like(x)
     for _ in range(4):

@@ -194,7 +194,7 @@ def test_auto_runs_a_tuned_pair_over_the_transport_it_was_measured_over(monkeypa
     import json
 
     from collectives import select, tuning
-    from collectives.api import _shm_forced
+    from collectives.calls import shm_forced as _shm_forced
     from collectives.algorithms import shm as direct
 
     comm = WORLD.Dup()
@@ -293,16 +293,16 @@ def test_calls_with_options_take_the_memoised_path_after_the_first(monkeypatch):
     """A call that names its transport or passes an algorithm's options is memoised like a bare
     call (its options are part of the call's shape): only the first call of each shape takes the
     full path (the benchmark names a transport on every row)."""
-    from collectives import api
+    from collectives import pipeline
 
     full = []
-    original = api._allreduce
+    original = pipeline.call
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         full.append(args[3])
-        return original(*args)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(api, "_allreduce", counted)
+    monkeypatch.setattr(pipeline, "call", counted)
     comm = WORLD.Dup()
     x = data(20_000)
     out = [collectives.allreduce(x, comm=comm, transport="auto") for _ in range(3)]

@@ -1,0 +1,345 @@
+"""One all-reduce call's path, written once: validate -> choose -> plan -> bind -> run.
+
+Every all-reduce goes this way: ``collectives.allreduce``, compressed calls, ``iallreduce``'s
+progress thread (``point_to_point=True``: its messages stay on the communicator's own transport)
+and first-use calibration (``call``, which never re-enters the public function).
+
+- **validate** (``Call``): every argument is checked before any message; a ValueError lists the
+  valid choices.
+- **choose** (``_choose``): the algorithm and the transport (``select``; compressed calls price the
+  wire's bytes).
+- **plan**: the plan of the call's shape, from the store every session shares.
+- **bind** (``Bound``): the plan with its ufuncs, name and signature, and what runs it: a
+  transport's prepared program, the shared-memory transport, or the executor's step loop.
+- **run**: ``Bound.run`` on the caller's buffers; a CollectiveError marks the communicator failed.
+
+The fast path is a cache the communicator's Session holds: ``session.shapes`` maps a repeated
+call's shape to its Bound, and ``session.last`` is the last call's buffers with its Bound (a tuple
+replaced whole). A communicator's collectives run on one thread at a time, as MPI requires, so
+threads calling on different communicators (the ranks of ``run_threaded``, user threads under
+MPI_THREAD_MULTIPLE) never share a cache entry.
+"""
+import importlib
+
+import numpy as np
+
+from . import compression as _compression
+from . import config
+from .backend import NUMPY, backend_for
+from .comm.base import Communicator
+from .errors import CollectiveError
+from .ops import check_op_dtype
+from . import select
+from .calls import (as_array, execute_plan, failed, program_for, select_transport, shm_forced, shm_transport,
+                    signature, ufuncs, usable)
+
+_algorithms = importlib.import_module("collectives.algorithms")  # the subpackage (its name is shadowed)
+
+
+class Call:
+    """A validated all-reduce call (``validate``). ``fmt``: the wire format of a compressed call."""
+
+    __slots__ = ("sendbuf", "recvbuf", "op", "algorithm", "options", "transport", "backend", "dtype",
+                 "fmt", "scope", "residual", "point_to_point")
+
+    def __init__(self, sendbuf, recvbuf, op, algorithm, options, compression=None, scope="across_hosts",
+                 residual=None, point_to_point=False):
+        options = dict(options) if options else {}
+        transport = options.pop("transport", "auto")
+        if transport not in config.TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(config.TRANSPORTS)}, got {transport!r}")
+        config.transport()  # a bad COLLECTIVES_TRANSPORT is refused here, on every rank, before any message
+        sendbuf = as_array(sendbuf, "sendbuf")
+        self.fmt = _wire_format(compression, scope, residual, sendbuf.dtype)
+        if (self.fmt is not None or point_to_point) and transport != "auto":
+            raise ValueError(f"transport={transport!r} is not available with compression= or iallreduce "
+                             f"(their messages go through the communicator's point-to-point transport)")
+        backend = backend_for(sendbuf)
+        dtype = sendbuf.dtype
+        check_op_dtype(op, dtype)
+        if algorithm != "auto":
+            _algorithms.get(algorithm)
+        if recvbuf is not None and recvbuf is not sendbuf:
+            if getattr(recvbuf, "shape", None) != sendbuf.shape or getattr(recvbuf, "dtype", None) != dtype:
+                raise ValueError(f"recvbuf must match sendbuf: got shape {getattr(recvbuf, 'shape', None)} "
+                                 f"dtype {getattr(recvbuf, 'dtype', None)}, expected shape {sendbuf.shape} "
+                                 f"dtype {dtype}")
+            if backend_for(recvbuf) is not backend:
+                raise ValueError("sendbuf and recvbuf must both be host (NumPy) or both device (CuPy) arrays")
+        if self.fmt is not None:
+            if backend is not NUMPY:
+                raise ValueError("compression= runs on host (NumPy) arrays")
+            _compression.check(self.fmt, scope, dtype)
+            check_residual(residual, sendbuf, recvbuf)
+        if point_to_point and backend is not NUMPY:
+            raise ValueError("iallreduce runs on host (NumPy) arrays")
+        self.sendbuf, self.recvbuf, self.op, self.algorithm = sendbuf, recvbuf, op, algorithm
+        self.options, self.transport, self.backend, self.dtype = options, transport, backend, dtype
+        self.scope, self.residual, self.point_to_point = scope, residual, point_to_point
+
+
+def _wire_format(compression, scope, residual, dtype):
+    """The call's wire format (None: uncompressed): ``compression=``, else COLLECTIVES_COMPRESSION
+    for float32/float64 data (any data where a ``residual`` asks for error feedback)."""
+    if compression is not None and compression != "none":
+        return compression
+    fmt = None if compression == "none" else _compression.env_default()
+    if fmt is None:
+        if residual is not None or scope != "across_hosts":
+            raise ValueError(f"{'residual' if residual is not None else 'compression_scope'} needs compression= "
+                             f"(bf16 or fp16) or COLLECTIVES_COMPRESSION")
+        return None
+    if dtype not in (np.float32, np.float64) and residual is None:  # the default covers float data only
+        return None
+    return fmt
+
+
+def check_residual(residual, sendbuf, recvbuf):
+    """ValueError unless ``residual`` (or None) fits ``sendbuf`` and shares memory with neither buffer."""
+    if residual is None:
+        return
+    if not isinstance(residual, np.ndarray) or residual.shape != sendbuf.shape or residual.dtype != sendbuf.dtype \
+            or not residual.flags.c_contiguous or not residual.flags.writeable:
+        raise ValueError(f"residual must be a writeable C-contiguous array of shape {sendbuf.shape} and dtype "
+                         f"{sendbuf.dtype}, got {type(residual).__name__} {getattr(residual, 'shape', '')} "
+                         f"{getattr(residual, 'dtype', '')}")
+    if np.may_share_memory(residual, sendbuf) or (recvbuf is not None and np.may_share_memory(residual, recvbuf)):
+        raise ValueError("residual must not share memory with sendbuf or recvbuf")
+
+
+class Bound:
+    """A call bound for running: ``runner(source, out)`` runs the plan from ``source`` into ``out``
+    (contiguous 1-D buffers, ``source is out`` in place), raising CollectiveError."""
+
+    __slots__ = ("comm", "runner", "what", "wire", "rounding")
+
+    def __init__(self, comm, runner, what, wire=None, rounding=False):
+        self.comm, self.runner, self.what, self.wire, self.rounding = comm, runner, what, wire, rounding
+
+    def run(self, call):
+        """Run on the call's buffers (any layout): the result, in ``recvbuf`` where one was given."""
+        sendbuf, recvbuf, backend = call.sendbuf, call.recvbuf, call.backend
+        in_place = recvbuf is sendbuf
+        out, result, copy_back = _work_buffer(sendbuf, recvbuf, backend, copy_in=self.wire is not None)
+        source = out if in_place or self.wire is not None else backend.flat_contiguous(sendbuf)
+        if call.residual is not None:
+            flat_residual = call.residual.reshape(-1)
+            out += flat_residual  # the input plus what earlier calls dropped ...
+            flat_residual[...] = out
+            self.wire.round(out)
+            flat_residual -= out  # ... and what this call's rounding drops
+        try:
+            self.runner(source, out)
+        except CollectiveError as exc:
+            failed(self.comm, self.what, exc)
+            raise
+        if self.rounding:  # ranks may hold x or round(x) of a value some rank rounded as it sent it: all take round(x)
+            self.wire.round(out)
+        if copy_back is not None:
+            backend.copyto(copy_back, out.reshape(copy_back.shape))
+        return result
+
+
+def _work_buffer(sendbuf, recvbuf, backend, copy_in):
+    """(contiguous 1-D result buffer, what the call returns, the caller's buffer to copy into
+    afterwards or None). ``copy_in``: the send data is copied into the buffer first."""
+    count, dtype = sendbuf.size, sendbuf.dtype
+    if recvbuf is None:
+        out = backend.empty(count, dtype)
+        result, copy_back = out.reshape(sendbuf.shape), None
+    elif backend.is_contiguous(recvbuf) and (recvbuf is sendbuf
+                                             or not backend.xp.may_share_memory(recvbuf, sendbuf)):
+        out, result, copy_back = recvbuf.reshape(-1), recvbuf, None
+    else:  # strided or overlapping: a fresh buffer, copied back at the end
+        out, result, copy_back = backend.empty(count, dtype), recvbuf, recvbuf
+    if recvbuf is sendbuf and copy_back is not None:
+        backend.copyto(out, backend.flat_contiguous(sendbuf))
+    elif copy_in and recvbuf is not sendbuf:
+        backend.copyto(out, backend.flat_contiguous(sendbuf))
+    return out, result, copy_back
+
+
+# choose ------------------------------------------------------------------------------------------
+def _choose(comm, call):
+    """(algorithm name, the transport auto's pick was measured over or None)."""
+    nbytes = call.sendbuf.nbytes
+    if call.fmt is not None:
+        return select.choose_compressed(comm, nbytes, call.dtype, call.fmt, call.scope, call.algorithm), None
+    if call.point_to_point:
+        return select.pair_for(call.algorithm, comm, nbytes, call.dtype)[0], None
+    calibrate = None
+    if call.algorithm == "auto" and call.backend is NUMPY:  # first-use calibration, where select allows it
+        def calibrate():
+            return select.calibrate(comm, call.sendbuf, call.recvbuf, _measured_call)
+    return select.pair_for(call.algorithm, comm, nbytes, call.dtype, call.transport, calibrate)
+
+
+# bind --------------------------------------------------------------------------------------------
+def _bind(comm, call):
+    name, preferred = _choose(comm, call)
+    module = _algorithms.get(name)
+    options = call.options
+    if name != call.algorithm and options:  # forced or chosen: keep only the options it takes
+        options = {k: v for k, v in options.items() if k in module.OPTIONS}
+    params = _algorithms.resolve(module, options, comm.hosts, comm.size)[1]
+    dtype, count, op, backend = call.dtype, call.sendbuf.size, call.op, call.backend
+    key = ("allreduce", name, comm.size, comm.rank, count, dtype.itemsize, tuple(sorted(params.items())))
+    plan = comm.session.plan(key, lambda: module.build(comm.rank, comm.size, count, itemsize=dtype.itemsize,
+                                                       **params))
+    if config.check_enabled():
+        from .check import agree
+
+        extra = dict(params, compression=call.fmt, scope=call.scope) if call.fmt is not None else params
+        agree(comm, "allreduce", name, op, dtype, count, extra)
+    reduce_fn, final_fn = ufuncs(op, dtype, backend, comm.size)
+    sig = signature("allreduce", name, op, dtype, count, params)
+    if call.fmt is not None:
+        what = f"allreduce({name}, {call.fmt})"
+        wire, rounding = _compression.compressed(comm, call.fmt, call.scope)
+        sig += f"|{call.fmt}|{call.scope}"
+        return Bound(comm, _plan_runner(plan, wire, backend, reduce_fn, final_fn, what, None, sig), what,
+                     wire, rounding)
+    what = f"allreduce({name})"
+    if call.point_to_point:
+        return Bound(comm, _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, None, sig), what)
+    shm = None
+    if backend is NUMPY and select_transport(comm, module, call.sendbuf.nbytes, call.transport, preferred) == "shm":
+        shm = shm_transport(comm, name, count, dtype.itemsize, params, module)
+    # a prepared program's tags differ from the plan's: none where another node's ranks may run
+    # this call over shared memory (a rank alone on its host meets them through MPI)
+    if backend is NUMPY and shm is None and not shm_forced(module, call.transport, preferred):
+        program = program_for(comm, plan, name, op, dtype, count, params, reduce_fn, final_fn, what)
+        if program is not None:
+            return Bound(comm, program, what)
+    return Bound(comm, _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, shm, sig), what)
+
+
+def _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, shm, sig):
+    def runner(source, out):
+        execute_plan(plan, comm, backend, source, out, reduce_fn, final_fn, what, shm, sig)
+    return runner
+
+
+# the whole path ----------------------------------------------------------------------------------
+def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, compression=None,
+              compression_scope="across_hosts", residual=None, **options):
+    """Reduce ``sendbuf`` over every rank of ``comm`` with ``op``; every rank gets the result.
+
+    ``recvbuf=None`` returns a new array; ``recvbuf is sendbuf`` works in place;
+    otherwise the result goes into ``recvbuf`` (same shape and dtype) and
+    ``sendbuf`` is left unchanged. ``options`` are the algorithm's own
+    (``collectives.algorithm_options(name)`` lists them). ``compression`` (``"bf16"``,
+    ``"fp16"``; default COLLECTIVES_COMPRESSION, else none) sends float32/float64 data as 16-bit
+    values across hosts (every message with ``compression_scope="all"``); ``residual`` keeps what
+    the rounding dropped, for the next call (error feedback). See collectives/compression.py.
+    """
+    if compression is not None or residual is not None or compression_scope != "across_hosts" \
+            or _compression_env("COLLECTIVES_COMPRESSION"):
+        return call(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual)
+    return run(resolve(comm), sendbuf, recvbuf, op, algorithm, options)
+
+
+_compression_env = config.is_set
+_no_overrides = config.no_overrides
+
+
+def run(ours, sendbuf, recvbuf, op, algorithm, options):
+    """An uncompressed all-reduce on our communicator ``ours``: the session's fast path where the
+    call repeats, else the whole path."""
+    shape = options_key(options) if options else ()
+    if shape is not None and _no_overrides():
+        session = ours.session
+        last = session.last
+        # the shortest path: the same buffers as the previous call
+        if last is not None and sendbuf is last[0] and recvbuf is last[1] and algorithm == last[2] \
+                and op == last[3] and shape == last[4] and sendbuf.dtype is last[5]:
+            bound = last[6]
+            try:
+                bound.runner(last[7], last[8])
+            except CollectiveError as exc:
+                failed(ours, bound.what, exc)
+                raise
+            return recvbuf
+        # the short path: a call shape seen before, contiguous NumPy buffers
+        if type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous:
+            bound = session.shapes.get((algorithm, op, sendbuf.dtype, sendbuf.size, shape, recvbuf is sendbuf))
+            if bound is not None:
+                source = sendbuf.reshape(-1)
+                if recvbuf is None:
+                    result = np.empty(sendbuf.shape, sendbuf.dtype)
+                    out = result.reshape(-1)
+                elif recvbuf is sendbuf:
+                    result, out = sendbuf, source
+                elif type(recvbuf) is np.ndarray and recvbuf.flags.c_contiguous \
+                        and recvbuf.shape == sendbuf.shape and recvbuf.dtype == sendbuf.dtype \
+                        and not np.may_share_memory(recvbuf, sendbuf):
+                    result, out = recvbuf, recvbuf.reshape(-1)
+                else:
+                    result = None
+                if result is not None:
+                    try:
+                        bound.runner(source, out)
+                    except CollectiveError as exc:
+                        failed(ours, bound.what, exc)
+                        raise
+                    if result is recvbuf:  # remember the buffers (held until the next call)
+                        session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, bound, source, out)
+                    return result
+    return call(sendbuf, recvbuf, op, algorithm, ours, options, shape=shape)
+
+
+def call(sendbuf, recvbuf, op, algorithm, comm, options, compression=None, scope="across_hosts", residual=None,
+         point_to_point=False, shape=None):
+    """One all-reduce along the whole path; ``shape``: the call's options as a hashable key, or
+    None (the Bound is then not kept for the fast path)."""
+    request = Call(sendbuf, recvbuf, op, algorithm, options, compression, scope, residual, point_to_point)
+    ours = usable(comm)
+    bound = _bind(ours, request)
+    if shape is not None and request.fmt is None and not point_to_point and request.backend is NUMPY \
+            and not config.check_enabled() and config.forced_algorithm() is None:
+        shapes = ours.session.shapes
+        if len(shapes) > 1024:
+            shapes.clear()
+        shapes[(algorithm, op, request.dtype, request.sendbuf.size, shape, recvbuf is sendbuf)] = bound
+    return bound.run(request)
+
+
+def _measured_call(sendbuf, recvbuf, *, op="sum", algorithm, comm, transport="auto"):
+    """What first-use calibration times: a call as the caller's repeated calls run it (``run``),
+    not through the public function."""
+    return run(resolve(comm), sendbuf, recvbuf, op, algorithm, {"transport": transport})
+
+
+def options_key(options):
+    """The call's options (transport= among them) as part of its shape; None: not hashable."""
+    if not options:
+        return ()
+    try:
+        shape = tuple(sorted(options.items()))
+        hash(shape)
+    except TypeError:
+        return None
+    return shape
+
+
+_resolved = (None, None)  # (the last communicator argument that was not ours, our communicator for it), replaced whole
+
+
+def resolve(comm):
+    """Our communicator for ``comm`` (as ``as_comm``), without an MPI attribute lookup per call."""
+    global _resolved
+    if isinstance(comm, Communicator):
+        return comm
+    memo = _resolved
+    if memo[0] is comm and memo[1] is not None:
+        return memo[1]
+    ours = usable(comm)
+    _resolved = (comm, ours)
+    return ours
+
+
+def forget_resolved(comm):
+    """``comm`` (ours) is being released: the resolution memo must not hand it out again."""
+    global _resolved
+    if _resolved[1] is comm:
+        _resolved = (None, None)
