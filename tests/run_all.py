@@ -11,7 +11,8 @@ Each layer runs under an outer timeout, so a hang anywhere ends as a failure, ne
 Every layer runs with TMPDIR set to a directory of its own (removed at the end), and what MPI
 jobs that were aborted or killed left in /dev/shm and /tmp is removed after each layer
 (``collectives.cleanup``); /dev/shm and /tmp are listed before and after the whole run, and
-an entry left behind fails the run.
+an MPI library's entry the suite's jobs left behind (new, named as that library names them, used
+by no running process) fails the run; entries other processes make meanwhile are listed only.
 """
 import os
 import re
@@ -77,6 +78,21 @@ def litter_dirs():
 
 def snapshot():
     return {d: set(os.listdir(d)) for d in litter_dirs()}
+
+
+def own_litter(libraries_before, tmpdir):
+    """What the suite's own jobs left: its TMPDIR if it could not be removed, and the MPI
+    libraries' named entries in /dev/shm and /tmp (collectives.cleanup knows their names) that
+    appeared during the run and that no running process uses. Entries other processes on the
+    machine make meanwhile are not the suite's and do not fail it."""
+    from collectives import cleanup
+
+    new = set(cleanup.candidates()) - libraries_before
+    used = cleanup.in_use() if new else set()
+    left = sorted(path for path in new if path not in used)
+    if os.path.exists(tmpdir):
+        left.append(tmpdir)
+    return left
 
 
 def run(label, cmd, timeout, rank=None, tmpdir=None, extra_env=None):
@@ -190,6 +206,7 @@ def main(argv):
     from collectives import cleanup
 
     before = snapshot()
+    libraries_before = set(cleanup.candidates())
     tmpdir = tempfile.mkdtemp(prefix="collectives-tests-")
     os.environ["TMPDIR"] = tmpdir  # also for pip making the Open MPI environment, and Open MPI's singletons
     try:
@@ -217,9 +234,12 @@ def main(argv):
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     after = snapshot()
-    left = sorted(os.path.join(d, name) for d in after for name in after[d] - before.get(d, set()))
+    left = own_litter(libraries_before, tmpdir)
+    others = sorted(os.path.join(d, name) for d in after for name in after[d] - before.get(d, set())
+                    if os.path.join(d, name) not in left)
     print(f"\n/dev/shm and /tmp: {sum(map(len, before.values()))} entries before, "
-          f"{sum(map(len, after.values()))} after" + (f"; left behind: {', '.join(left)}" if left else ""))
+          f"{sum(map(len, after.values()))} after" + (f"; left behind by the suite: {', '.join(left)}" if left else "")
+          + (f"; new but not the suite's (other processes' or in use): {', '.join(others)}" if others else ""))
     if left:
         totals["failed"] += 1
     print(f"\nsummary: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
