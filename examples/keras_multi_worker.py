@@ -1,8 +1,12 @@
 """Keras model.fit on MultiWorkerMirroredStrategy, one worker per MPI rank, all-reduce over MPI.
 
     mpiexec -n 2 python examples/keras_multi_worker.py [--algorithm ring] [--epochs 3]
+
+Across hosts too: each worker's address is one every other reaches (checked before TensorFlow
+starts; COLLECTIVES_TF_ADDRESS chooses, docs/tensorflow.md).
 """
 import argparse
+import hashlib
 import os
 import sys
 
@@ -38,7 +42,8 @@ def main():
     same = all(np.array_equal(weights, other) for other in comm.allgather(weights))
     ops = strategy.extended._cross_device_ops
     print(f"rank {rank}: final loss {history.history['loss'][-1]:.4f}, weights identical on all ranks: {same}, "
-          f"collectives calls: {ops.calls}", flush=True)
+          f"collectives calls: {ops.calls}, weights sha256 {hashlib.sha256(weights.tobytes()).hexdigest()[:16]}",
+          flush=True)
 
 
 if __name__ == "__main__":
