@@ -6,36 +6,19 @@ MultiWorkerMirroredStrategy over gRPC, on one strategy object in one run.
 
 The model is benchmarks/tf_step_time.py's MLP with wider hidden layers (512-2048-2048-2048-10:
 9.5M parameters, 38 MB of float32 gradients a step); the rounds, timing (time between consecutive
-batch ends, the slowest rank's median) and table are that script's. TF_CONFIG names each worker
-by its host's address on the emulated network (host names do not resolve there).
+batch ends, the slowest rank's median) and table are that script's. TF_CONFIG and TensorFlow's
+bounded start-up are the library's (tf_bridge.tf_config_from_mpi: on the emulated hosts, whose
+names do not resolve, each worker's interface address, checked from every rank).
 """
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import tf_step_time as base  # noqa: E402
-
-
-def _address():
-    """This host's IPv4 address on eth0 (an emulated host), else 127.0.0.1 (one node)."""
-    try:
-        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", "eth0"], capture_output=True, text=True,
-                             timeout=10).stdout.split()
-        return out[out.index("inet") + 1].split("/")[0]
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return "127.0.0.1"
-
-
-def _free_port(host):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def main(argv=None):
@@ -51,21 +34,19 @@ def main(argv=None):
 
     from mpi4py import MPI
 
-    import collectives
     import tf_bridge
 
     comm = MPI.COMM_WORLD
-    collectives.barrier(comm)
-    host = _address()
-    addresses = comm.allgather(f"{host}:{_free_port(host)}")
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
-                                          "task": {"type": "worker", "index": comm.Get_rank()}})
+    config = tf_bridge.tf_config_from_mpi(comm)  # bounded; raises on every rank naming an unreachable worker
+    addresses = config["cluster"]["worker"]
+    os.environ["TF_CONFIG"] = json.dumps(config)
     import keras
     import tensorflow as tf
 
+    from tf_bridge import _multi_worker
     from tf_bridge import _tf_internals as tfi
 
-    strategy = tfi.KerasFriendlyMultiWorkerStrategy()
+    strategy = _multi_worker.start_tensorflow(comm, tfi.KerasFriendlyMultiWorkerStrategy)
     extended = strategy.extended
     stock = (extended._cross_device_ops, extended._host_cross_device_ops)
 

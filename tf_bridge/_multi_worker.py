@@ -43,14 +43,18 @@ def _workers_of(tf_config):
         return []
 
 
-def _start_watched(comm, make, what):
-    """``make()``: TensorFlow's start-up, bounded. It can wait without end for a worker it cannot
+def start_tensorflow(comm, make):
+    """``make()`` (e.g. a MultiWorkerMirroredStrategy's constructor, on every rank of ``comm``, with
+    TF_CONFIG set): TensorFlow's start-up, bounded. It can wait without end for a worker it cannot
     reach, and it waits holding Python's lock, so no Python thread can watch it: the workers'
     registration is bounded by TensorFlow itself (half of COLLECTIVES_TIMEOUT, configured before it
     starts), and a watchdog process ends this process with a message where the start-up and the
     ranks' exchange of how it went have not finished within COLLECTIVES_TIMEOUT. Where any rank's
-    start-up failed, every rank gets the same CollectiveTimeout naming those ranks and ``what``
-    they waited for, and the job is aborted unless COLLECTIVES_ON_ERROR=raise."""
+    start-up failed, every rank gets the same CollectiveTimeout naming those ranks and what they
+    waited for, and the job is aborted unless COLLECTIVES_ON_ERROR=raise."""
+    workers = _workers_of(os.environ.get("TF_CONFIG", ""))
+    what = (f"every worker's gRPC server, and all {len(workers)} workers registering with the coordination service "
+            f"of worker 0 at {workers[0] if workers else '?'}")
     limit = config.timeout()
     rank, size = comm.Get_rank(), comm.Get_size()
     text = f"multi_worker_strategy: TensorFlow's start-up ({what}) did not finish on every worker within {limit:g} s"
@@ -127,10 +131,7 @@ def multi_worker_strategy(algorithm="ring", cross_device_ops=None, *, comm=None,
     kwargs = {}
     if communication_options is not None:
         kwargs["communication_options"] = communication_options
-    workers = _workers_of(os.environ.get("TF_CONFIG", ""))
-    what = (f"every worker's gRPC server, and all {len(workers)} workers registering with the coordination service "
-            f"of worker 0 at {workers[0] if workers else '?'}")
-    strategy = _start_watched(comm, lambda: _tfi.KerasFriendlyMultiWorkerStrategy(**kwargs), what)
+    strategy = start_tensorflow(comm, lambda: _tfi.KerasFriendlyMultiWorkerStrategy(**kwargs))
     if _tfi.worker_count(strategy) != comm.Get_size():
         raise RuntimeError(f"the strategy sees {_tfi.worker_count(strategy)} workers, MPI has {comm.Get_size()}; "
                            f"TF_CONFIG={os.environ.get('TF_CONFIG')}")
