@@ -11,8 +11,8 @@ the end of its port's previous message, is the event loop's answer (with duratio
 by induction over that order).
 
 ``wave_times`` builds such a schedule in waves: ranks that reach a step post it and issue its
-sends at once (a wave's sends in (post, index) order, chained on their ports: a message
-starts when its ports are free); a rank whose receives have all been issued ends its step at
+sends at once (a wave's sends in (post, index) order, chained on their ports: each turn of a
+message starts when its port is free); a rank whose receives have all been issued ends its step at
 the latest of its post time and its messages' ends, then its reductions take gamma per byte.
 Rings never contend, trees queue their children's messages on the parent's receive port. In
 the end it checks that every port served its messages in (post, index) order; ``None`` (a
