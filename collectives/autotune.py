@@ -45,6 +45,7 @@ import numpy as np
 _algorithms = importlib.import_module("collectives.algorithms")  # (the package's name is a function too)
 from .config import cache_file
 from .model import ALPHA_NODE_STEP
+from .ranking import cost_choice, shm_cost_choice
 
 FORMAT = "collectives-autotune-1"
 SHM_CANDIDATES = 4
@@ -81,7 +82,6 @@ def candidates(size, nbytes, itemsize, shm):
     ``shm``. The same list on every rank. Every algorithm over MPI, because the model ranks the
     trees and reduce_to_one last at every size while measured they win some sizes
     (docs/performance.md#calibration-details)."""
-    from .select import cost_choice, shm_cost_choice
 
     names = _algorithms.names()
     over_mpi = cost_choice(size, nbytes, alpha=ALPHA_NODE_STEP,

@@ -10,6 +10,7 @@ from . import config
 from .backend import NUMPY
 from .comm import base as _comm_base
 from .comm.base import Communicator
+from .check import agree
 from .errors import CollectiveError
 from .executor import BoundProgram, Program, execute
 from .ops import check_op_dtype
@@ -42,10 +43,15 @@ def signature(kind, name, op, dtype, count, params=()):
 
 
 def maybe_check(comm, kind, algorithm, op, dtype, count, params):
+    """Under COLLECTIVES_CHECK=1: every rank raises the same MismatchError where the ranks'
+    calls differ (collectives/check.py); a failed exchange marks the communicator failed."""
     if config.check_enabled():
-        from .check import agree
-
-        agree(comm, kind, algorithm, op, dtype, count, params)
+        try:
+            agree(comm, kind, algorithm, op, dtype, count, params)
+        except CollectiveError as exc:
+            if not getattr(exc, "agreed", False):  # the exchange itself failed
+                failed(comm, f"{kind}({algorithm}) check", exc)
+            raise
 
 
 def failed(comm, what, exc):
@@ -105,7 +111,7 @@ def execute_plan(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, wh
 
 # Messages up to PROGRAM_MAX_BYTES run as prepared programs where the transport has them (MPI);
 # up to BOUND_MAX_BYTES, calls run bound to fixed scratch (BoundProgram), with at most
-# BOUND_BUDGET bytes of scratch held for that per communicator (docs/performance.md#programs).
+# BOUND_BUDGET bytes of scratch held for that per communicator (docs/performance.md#bound-plans).
 PROGRAM_MAX_BYTES, BOUND_MAX_BYTES, BOUND_BUDGET = 16 << 10, 256 << 10, 32 << 20
 
 

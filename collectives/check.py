@@ -9,7 +9,11 @@ import zlib
 
 import numpy as np
 
+from . import blocks
+from .algorithms import names
+from .backend import NUMPY
 from .errors import MismatchError
+from .executor import execute
 from .ops import DTYPES, OPS
 
 FIELDS = ("call", "algorithm", "op", "dtype", "count", "options")
@@ -32,9 +36,6 @@ _CALLS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 
 def _names():
     """crc32 -> name for every call and algorithm name, so that messages show names, not codes."""
-    from . import blocks
-    from .algorithms import names
-
     known = set(_CALLS) | set(names()) | {"auto"}
     for table in (blocks.REDUCE_SCATTER, blocks.ALLGATHER, blocks.BROADCAST, blocks.REDUCE):
         known |= set(table)
@@ -56,17 +57,14 @@ def _show(field, value):
 
 
 def agree(comm, kind, algorithm, op, dtype, count, params):
-    from . import blocks
-    from .calls import run_plan as _run
-    from .backend import NUMPY
-
     mine = encode(kind, algorithm, op, dtype, count, params)
     width = len(FIELDS)
     table = np.zeros(comm.size * width, dtype=np.int64)
     bounds = [r * width for r in range(comm.size + 1)]
     plan = comm.session.plan(("allgather", "check", comm.size, comm.rank),
                              lambda: blocks.allgather_ring(comm.rank, comm.size, bounds))
-    _run(plan, comm, NUMPY, mine, table, None, None, f"{kind}({algorithm}) check", signature="check")
+    tmp = comm.session.scratch_buffer(NUMPY, table.dtype, plan.tmp_count)
+    execute(plan, comm, mine, table, tmp, None, None, f"{kind}({algorithm}) check", None, "check")
     table = table.reshape(comm.size, width)
     for column, field in enumerate(FIELDS):
         values = table[:, column]
@@ -78,5 +76,7 @@ def agree(comm, kind, algorithm, op, dtype, count, params):
                                for v, r in groups.items())
             differ = [r for r, v in enumerate(values.tolist()) if v != values[0]]
             first = _show("call", int(table[0, 0]))  # rank 0's call: the same text on every rank
-            raise MismatchError(f"{first}: ranks disagree on {field} (ranks {', '.join(map(str, differ))} "
-                                f"differ from rank 0): {detail}")
+            error = MismatchError(f"{first}: ranks disagree on {field} (ranks {', '.join(map(str, differ))} "
+                                  f"differ from rank 0): {detail}")
+            error.agreed = True  # every rank raises it, after a complete exchange: the communicator stays usable
+            raise error

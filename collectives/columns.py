@@ -19,7 +19,7 @@ use and keeps them, which is what the executor, the prepared programs and the tr
 """
 import numpy as np
 
-from .plan import COPY, FINAL, REDUCE, Step, _EMPTY, _new_step, block_bounds
+from .steps import COPY, FINAL, REDUCE, Step, _EMPTY, _new_step, block_bounds
 
 _LENGTH = {REDUCE: 8, COPY: 6, FINAL: 4}
 

@@ -30,7 +30,7 @@ from .comm.base import Communicator
 from .errors import CollectiveError
 from .ops import check_op_dtype
 from . import select
-from .calls import (as_array, execute_plan, failed, program_for, select_transport, shm_forced, shm_transport,
+from .calls import (as_array, execute_plan, failed, maybe_check, program_for, select_transport, shm_forced, shm_transport,
                     signature, ufuncs, usable)
 
 _algorithms = importlib.import_module("collectives.algorithms")  # the subpackage (its name is shadowed)
@@ -186,11 +186,8 @@ def _bind(comm, call):
     key = ("allreduce", name, comm.size, comm.rank, count, dtype.itemsize, tuple(sorted(params.items())))
     plan = comm.session.plan(key, lambda: module.build(comm.rank, comm.size, count, itemsize=dtype.itemsize,
                                                        **params))
-    if config.check_enabled():
-        from .check import agree
-
-        extra = dict(params, compression=call.fmt, scope=call.scope) if call.fmt is not None else params
-        agree(comm, "allreduce", name, op, dtype, count, extra)
+    extra = dict(params, compression=call.fmt, scope=call.scope) if call.fmt is not None else params
+    maybe_check(comm, "allreduce", name, op, dtype, count, extra)
     reduce_fn, final_fn = ufuncs(op, dtype, backend, comm.size)
     sig = signature("allreduce", name, op, dtype, count, params)
     if call.fmt is not None:

@@ -16,44 +16,12 @@ from .plan import ranks_by_group
 # host between hosts (beta_inter is per byte of one host's link, which the host's ranks share)
 from .model import (ALPHA, ALPHA_INTER, ALPHA_NODE_STEP, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA,  # noqa: E402
                     BETA_INTER, GAMMA)
+from .ranking import _cheapest, cost_choice, shm_cost_choice  # noqa: E402,F401 - select's names too
+from . import autotune  # noqa: E402
 
 _log = logging.getLogger("collectives")
 _choices = {}
 _logged = set()
-
-
-def cost_choice(size, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, candidates=None):
-    """(name, {name: predicted seconds}) of the cheapest algorithm by the cost model."""
-    costs = {}
-    for name in candidates or _algorithms.names():
-        module = _algorithms.get(name)
-        costs[name] = module.cost(size, nbytes, alpha, beta, gamma)
-    return _cheapest(costs), costs
-
-
-def shm_cost_choice(size, nbytes, itemsize=4, candidates=None, alpha_step=ALPHA_SHM_STEP,
-                    alpha_message=ALPHA_SHM_MESSAGE, beta=BETA, gamma=GAMMA):
-    """(name, {name: predicted seconds}) over the shared-memory transport, where a step costs
-    ``alpha_step`` (its counters published and polled) and a message only ``alpha_message``: each
-    algorithm's own cost with that alpha, plus its steps (rank 0's plan) times ``alpha_step``.
-    An algorithm whose plan cannot be built here pays ``alpha_step`` per message instead."""
-    count = nbytes // max(1, itemsize)
-    costs = {}
-    for name in candidates or _algorithms.names():
-        module = _algorithms.get(name)
-        try:
-            params = _algorithms.resolve(module, {}, (tuple(range(size)),), size)[1]
-            steps = module.build(0, size, count, itemsize=itemsize, **params).nsteps
-            costs[name] = module.cost(size, nbytes, alpha_message, beta, gamma) + steps * alpha_step
-        except Exception:  # a plugin's build that needs more than defaults: count its messages as steps
-            costs[name] = module.cost(size, nbytes, alpha_step, beta, gamma)
-    return _cheapest(costs), costs
-
-
-def _cheapest(costs):
-    """The first name whose cost is the least (a tie, rounding included, goes to the first)."""
-    least = min(costs.values())
-    return next(n for n, c in costs.items() if c <= least * (1 + 1e-9))
 
 
 def topology(comm):
@@ -307,7 +275,6 @@ def calibrate(comm, sendbuf, recvbuf, measured_call):
     """(algorithm, transport, why) for an ``auto`` call on one node with no tuning table: the pick
     stored for this machine, else measured now on the caller's buffers (collectives/autotune.py).
     ``measured_call``: the pipeline's own call path, which the measurement times."""
-    from . import autotune
     from .comm import shm as _shm  # imports mpi4py: calibration runs under MPI only
     from .comm.shm_arrays import is_shared
 

@@ -1,7 +1,8 @@
 """Run every test layer and print one summary: the README's test command ends here.
 
 1. single-process tests (threaded worlds, simulator, TensorFlow, GPU skips): plain pytest;
-   then the documentation site, ``mkdocs build --strict``;
+   then the import contracts (``lint-imports``, setup.cfg) and the documentation site,
+   ``mkdocs build --strict``;
 2. multi-process tests under ``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4,
    under MPICH (this environment), then under Open MPI (the PyPI wheel in an environment of
    its own, made once under ~/.cache/collectives/test-envs, see tests/mpi_envs.py), then under
@@ -183,6 +184,13 @@ def docs_layer(python):
                                              os.path.join(ROOT, "site")], 600, {"NO_MKDOCS_2_WARNING": "1"})
 
 
+def imports_layer(python):
+    """Imports point one way: the import-linter contracts of setup.cfg (``lint-imports``). A pass
+    counts one test."""
+    return ("imports: lint-imports", [python, "-c", "import sys; from importlinter.cli import lint_imports_command; "
+                                                    "sys.exit(lint_imports_command())"], 300, None)
+
+
 def main(argv):
     if "--make-impi" in argv:
         python, reason = mpi_envs.make("impi")
@@ -192,7 +200,7 @@ def main(argv):
     totals = {"passed": 0, "failed": 0, "skipped": 0}
     layers = [("single-process", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests",
                                   "--ignore=tests/mpi", "--ignore=tests/tf_mpi"] + argv, 2400, None),
-              docs_layer(python)]
+              imports_layer(python), docs_layer(python)]
     launcher = mpiexec()
     if launcher is None:
         print("no mpiexec found: install the package with its MPICH (pip install -e '.[mpich]'), "
@@ -223,8 +231,8 @@ def main(argv):
                 continue
             known = set(cleanup.candidates())
             counts = run(label, cmd, timeout, None if label == "single-process" else 0, tmpdir, extra)
-            if label.startswith("docs:") and not any(counts.values()):
-                counts["passed"] = 1  # mkdocs prints no pytest summary: exit 0 is one pass
+            if label.startswith(("docs:", "imports:")) and not any(counts.values()):
+                counts["passed"] = 1  # mkdocs and lint-imports print no pytest summary: exit 0 is one pass
             removed = cleanup.remove_stale(set(cleanup.candidates()) - known, settle=3.0)
             if removed:
                 print(f"=== {label}: removed {len(removed)} entries its aborted MPI jobs left: "

@@ -13,6 +13,7 @@ import pytest
 
 import collectives
 from collectives import plugins, simulate as sim
+from collectives.tools import simulate_cli
 from collectives.plan import FINAL, IN, OUT, REDUCE, TMP, PlanBuilder, PlanError, Step, block_bounds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -248,7 +249,7 @@ def test_auto_uses_a_registered_cost(monkeypatch):
 
 
 def test_load_options_on_the_three_command_lines(examples, capsys):
-    assert sim.main(["--load", DIRECT, "--load", TORUS, "-a", "torus,direct", "-p", "12", "-b", "1K",
+    assert simulate_cli.main(["--load", DIRECT, "--load", TORUS, "-a", "torus,direct", "-p", "12", "-b", "1K",
                      "-e", "1K"]) == 0
     out = capsys.readouterr().out
     assert "torus" in out and "direct" in out and " NO" not in out

@@ -44,8 +44,9 @@ nodes=128x8,intra=ALPHA:BETA,inter=ALPHA:BETA[,nic=shared]] [--plot F.png] [--ti
 
 Modules: ``core`` (``simulate``, ``SimResult``), ``topology`` (``Topology``), ``timing`` (the
 event loop) and ``_waves`` (the same schedule in vectorised waves), ``verification`` (the
-symbolic check on atoms or smaller plans), ``cli`` (``main``), ``scale`` (``scale_check``),
-``plots`` (``--plot``, ``timeline``). Plans are flattened by ``collectives.flat`` and checked by
+symbolic check on atoms or smaller plans), ``scale`` (``scale_check``),
+``plots`` (``--plot``, ``timeline``); the CLI is a tool over this package
+(collectives/tools/simulate_cli.py). Plans are flattened by ``collectives.flat`` and checked by
 ``collectives.symbolic``, which ``collectives.verify`` shares. This package is callable:
 ``collectives.simulate(...)`` is ``collectives.simulate.simulate(...)``.
 """
@@ -57,7 +58,6 @@ from ..symbolic import EXACT_LIMIT, VERIFY_ELEMENTS, _Verifier, verify_count, ve
 from .core import SimResult, simulate  # noqa: F401
 from .topology import Topology  # noqa: F401
 from .verification import _small, verify, verify_flat  # noqa: F401
-from .cli import _parse, _size, main  # noqa: F401
 from .plots import _plot, timeline  # noqa: F401
 from .scale import logarithmic, messages_per_rank, scale_check  # noqa: F401
 

@@ -1,6 +1,6 @@
-"""``python -m collectives.simulate``."""
+"""``python -m collectives.simulate``: the launcher of the simulator's command-line tool."""
 import sys
 
-from .cli import main
+from ..tools.simulate_cli import main
 
 sys.exit(main())

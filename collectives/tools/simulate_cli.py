@@ -3,18 +3,18 @@
 import sys
 import time
 
+from ..cli import parse_size
 from ..flat import _registry
 from ..model import ALPHA, BETA, GAMMA
 from ..plugins import add_load_option, load_files
-from .core import simulate
-from .plots import _plot, timeline
-from .scale import scale_check
-from .topology import Topology
+from ..simulate.core import simulate
+from ..simulate.plots import _plot, timeline
+from ..simulate.scale import scale_check
+from ..simulate.topology import Topology
 
 
 def _size(text):
-    from ..cli import parse_size  # one parser for every tool
-    return parse_size(text)
+    return parse_size(text)  # one parser for every tool
 
 
 def _parse(argv):

@@ -1,0 +1,45 @@
+"""The cost model's rankings: every candidate algorithm priced by its ``cost`` formula (over MPI
+messages, or over shared memory where a step costs more than a message), the cheapest first.
+
+The selector (collectives/select.py) and first-use calibration (collectives/autotune.py, which
+screens the model's best pairs) both rank with these.
+"""
+import importlib
+
+from .model import ALPHA, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA, GAMMA
+
+_algorithms = importlib.import_module("collectives.algorithms")  # the subpackage (its name is shadowed)
+
+
+def cost_choice(size, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, candidates=None):
+    """(name, {name: predicted seconds}) of the cheapest algorithm by the cost model."""
+    costs = {}
+    for name in candidates or _algorithms.names():
+        module = _algorithms.get(name)
+        costs[name] = module.cost(size, nbytes, alpha, beta, gamma)
+    return _cheapest(costs), costs
+
+
+def shm_cost_choice(size, nbytes, itemsize=4, candidates=None, alpha_step=ALPHA_SHM_STEP,
+                    alpha_message=ALPHA_SHM_MESSAGE, beta=BETA, gamma=GAMMA):
+    """(name, {name: predicted seconds}) over the shared-memory transport, where a step costs
+    ``alpha_step`` (its counters published and polled) and a message only ``alpha_message``: each
+    algorithm's own cost with that alpha, plus its steps (rank 0's plan) times ``alpha_step``.
+    An algorithm whose plan cannot be built here pays ``alpha_step`` per message instead."""
+    count = nbytes // max(1, itemsize)
+    costs = {}
+    for name in candidates or _algorithms.names():
+        module = _algorithms.get(name)
+        try:
+            params = _algorithms.resolve(module, {}, (tuple(range(size)),), size)[1]
+            steps = module.build(0, size, count, itemsize=itemsize, **params).nsteps
+            costs[name] = module.cost(size, nbytes, alpha_message, beta, gamma) + steps * alpha_step
+        except Exception:  # a plugin's build that needs more than defaults: count its messages as steps
+            costs[name] = module.cost(size, nbytes, alpha_step, beta, gamma)
+    return _cheapest(costs), costs
+
+
+def _cheapest(costs):
+    """The first name whose cost is the least (a tie, rounding included, goes to the first)."""
+    least = min(costs.values())
+    return next(n for n, c in costs.items() if c <= least * (1 + 1e-9))
