@@ -75,7 +75,7 @@ def parse_args(argv):
 
 
 def algorithm_list(spec, transports="auto"):
-    known = collectives.algorithms()
+    known = collectives.algorithm_names()
     chosen = ["auto"] + known if spec == "all" else []
     for name in ([] if spec == "all" else spec.split(",")):
         name = name.strip()
@@ -180,7 +180,7 @@ def row_label(name, ours, nbytes, dtype, shared=False):
     from collectives.select import choose_pair, transport_choice
 
     base, _, transport = name.partition("@")
-    if base not in ("auto",) + tuple(collectives.algorithms()):
+    if base not in ("auto",) + tuple(collectives.algorithm_names()):
         return name
     ran = []
     for in_place in (False, True):  # auto calibrated on first use may pick apart in place and out of place
@@ -291,7 +291,7 @@ def main(argv=None):
             collectives.as_comm(unguarded)  # wrapped now, unguarded for its lifetime
         finally:
             del os.environ["COLLECTIVES_GUARD"]
-    widths = table_widths(rows + ["floor:zero-copy", "nccl"], collectives.algorithms())
+    widths = table_widths(rows + ["floor:zero-copy", "nccl"], collectives.algorithm_names())
     if rank == 0:
         print(f"# collectives {collectives.__version__} allreduce_perf: {n} ranks, MPI library {mpilib.describe()} "
               f"(native = its MPI_Allreduce), "

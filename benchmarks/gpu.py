@@ -218,7 +218,7 @@ def _sweep_rank(comm, counts, dtypes, iters):
                     cupy.add(ref, cupy.asarray(_rank_data(r, count, dtype)), out=ref)
                 x = cupy.asarray(host)
                 out = cupy.empty_like(x)
-                for name in collectives.algorithms():
+                for name in collectives.algorithm_names():
                     collectives.allreduce(x, out, algorithm=name, comm=comm)  # warm-up
                     wrong = int(cupy.count_nonzero(out != ref).get())
                     comm.barrier()

@@ -54,7 +54,7 @@ def main(argv=None):
     load_files(args.load)
     import collectives
 
-    names = collectives.algorithms() if args.algorithms == "all" else args.algorithms.split(",")
+    names = collectives.algorithm_names() if args.algorithms == "all" else args.algorithms.split(",")
     runs = [(n, args.small, _size(args.bytes)) for n in names]
     runs += [(n, args.large, _size(args.large_bytes)) for n in names if logarithmic(n)]
     print(f"# research loop: simulate + verify per algorithm, fresh process each, {os.cpu_count()} cores, "

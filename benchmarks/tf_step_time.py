@@ -116,7 +116,7 @@ def single_process(args):
     import tf_bridge
 
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    algorithms = args.algorithms.split(",") if args.algorithms else collectives.algorithms()
+    algorithms = args.algorithms.split(",") if args.algorithms else collectives.algorithm_names()
     implementations = args.implementations.split(",")
     makers = []
     for implementation in implementations:

@@ -9,7 +9,8 @@ Quick use::
 
 Your own algorithm: ``collectives.register_algorithm(obj)`` (see docs/writing-an-algorithm.md).
 """
-from .api import algorithm_options, algorithms, allreduce, as_comm, barrier, clear_caches, library_memory
+from . import algorithms  # the registry; callable as the deprecated name of algorithm_names()
+from .api import algorithm_names, algorithm_options, allreduce, as_comm, barrier, clear_caches, library_memory
 from .shared_arrays import empty, zeros
 from .blocks_api import allgather, broadcast, reduce, reduce_scatter
 from .bucket import Bucketer
@@ -23,7 +24,7 @@ from .plugins import register_algorithm, unregister_algorithm, verify
 
 __version__ = "0.1.0"
 
-__all__ = ["allreduce", "iallreduce", "AllreduceRequest", "waitall", "open_requests", "Bucketer", "empty", "zeros", "algorithms", "algorithm_options", "reduce_scatter", "allgather", "broadcast",
+__all__ = ["allreduce", "iallreduce", "AllreduceRequest", "waitall", "open_requests", "Bucketer", "empty", "zeros", "algorithm_names", "algorithms", "algorithm_options", "reduce_scatter", "allgather", "broadcast",
            "reduce", "barrier", "run_threaded", "as_comm", "clear_caches", "library_memory", "Communicator", "ThreadComm",
            "MPIComm", "CollectiveError", "CollectiveTimeout", "MismatchError", "PeerAborted", "OPS", "DTYPES",
            "simulate", "register_algorithm", "unregister_algorithm", "verify", "PlanError", "Option"]

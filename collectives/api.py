@@ -4,25 +4,17 @@ barrier, the registry's names and options, the caches and the memory a communica
 Every call validates its arguments before any communication (ValueError listing the valid
 choices); see collectives/pipeline.py for the path a call takes.
 """
-import importlib
-
+from . import algorithms as _algorithms
 from . import session as _session
 from .calls import as_comm, failed, maybe_check, signature, usable  # noqa: F401 - public helpers' home
 from .comm import base as _comm_base
 from .errors import CollectiveError
 from .pipeline import allreduce, forget_resolved  # noqa: F401 - collectives.allreduce
 
-_algorithms = importlib.import_module("collectives.algorithms")  # the subpackage (its name is shadowed)
 
 
 def algorithm_names():
     """Names of the registered all-reduce algorithms."""
-    return _algorithms.names()
-
-
-def algorithms():
-    """Names of the registered all-reduce algorithms (``algorithm_names()``; kept for
-    compatibility: ``collectives.algorithm_names()`` is the name to use)."""
     return _algorithms.names()
 
 

@@ -32,7 +32,6 @@ machine's state when it was measured (delete the file, or run ``collectives.tune
 again). A call that repeats an earlier call's shape (size, dtype, op, in place or not) on a
 communicator takes the short path and runs that call's pick, whether its buffers are shared arrays or not.
 """
-import importlib
 import json
 import os
 import platform
@@ -42,7 +41,7 @@ import warnings
 
 import numpy as np
 
-_algorithms = importlib.import_module("collectives.algorithms")  # (the package's name is a function too)
+from . import algorithms as _algorithms
 from .config import cache_file
 from .model import ALPHA_NODE_STEP
 from .ranking import cost_choice, shm_cost_choice

@@ -202,7 +202,7 @@ def main(args=None):
         print("calibration needs at least 2 ranks: mpiexec -n 2 python -m collectives.simulate --calibrate")
         return 2
     spec = getattr(args, "algorithms", "all") or "all"
-    names = collectives.algorithms() if spec == "all" else [a.strip() for a in spec.split(",")]
+    names = collectives.algorithm_names() if spec == "all" else [a.strip() for a in spec.split(",")]
     lo = parse_size(getattr(args, "minbytes", None) or "8")
     hi = parse_size(getattr(args, "maxbytes", None) or "16M")
     sizes = _sizes(lo, hi, getattr(args, "stepfactor", None) or 4)

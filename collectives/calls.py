@@ -15,7 +15,6 @@ from .errors import CollectiveError
 from .executor import BoundProgram, Program, execute
 from .ops import check_op_dtype
 from .plan import NCHANNELS
-from .select import log_transport, transport_choice
 
 _op_checks = {}  # (op, dtype, backend) -> ufunc: the same for every communicator and thread
 
@@ -129,20 +128,6 @@ def program_for(comm, plan, name, op, dtype, count, params, reduce_fn, final_fn,
             return BoundProgram(plan, comm, dtype, count, reduce_fn, final_fn, what, sig, BOUND_BUDGET)
         return Program(plan, comm, NUMPY, dtype, count, reduce_fn, final_fn, what, tag_key)
     return comm.session.program((name, op, dtype, count, tuple(sorted(params.items()))), make)
-
-
-def shm_forced(module, requested, preferred=None):
-    """True when this call asks for the shared-memory transport whatever its size (the same
-    answer on every rank: a rank alone on its node must not run a prepared program then)."""
-    return "shm" in (requested, config.transport(), getattr(module, "TRANSPORT", None) if preferred is None else preferred)
-
-
-def select_transport(comm, module, nbytes, requested, preferred=None):
-    """The transport of this call ("shm" or "mpi"), logged under COLLECTIVES_DEBUG."""
-    transport, why = transport_choice(comm, module, nbytes, requested, preferred)
-    if config.debug_level() in ("INFO", "DEBUG") and getattr(comm, "mpi_comm", None) is not None:
-        log_transport(comm, nbytes, module.NAME, transport, why)  # (a threaded world has one transport)
-    return transport
 
 
 def shm_transport(comm, name, count, itemsize, params, module):

@@ -12,7 +12,7 @@ import numpy as np
 from .columns import element_counts
 from .plan import FINAL, REDUCE, PlanError, ranks_by_group
 
-_registry = __import__("importlib").import_module("collectives.algorithms")
+from . import algorithms as _registry
 
 
 def algorithm_module(algorithm):

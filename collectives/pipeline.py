@@ -6,8 +6,7 @@ and first-use calibration (``call``, which never re-enters the public function).
 
 - **validate** (``Call``): every argument is checked before any message; a ValueError lists the
   valid choices.
-- **choose** (``_choose``): the algorithm and the transport (``select``; compressed calls price the
-  wire's bytes).
+- **choose** (``select.choose``, the one selector): the algorithm, its options and the transport.
 - **plan**: the plan of the call's shape, from the store every session shares.
 - **bind** (``Bound``): the plan with its ufuncs, name and signature, and what runs it: a
   transport's prepared program, the shared-memory transport, or the executor's step loop.
@@ -19,7 +18,6 @@ replaced whole). A communicator's collectives run on one thread at a time, as MP
 threads calling on different communicators (the ranks of ``run_threaded``, user threads under
 MPI_THREAD_MULTIPLE) never share a cache entry.
 """
-import importlib
 
 import numpy as np
 
@@ -30,10 +28,10 @@ from .comm.base import Communicator
 from .errors import CollectiveError
 from .ops import check_op_dtype
 from . import select
-from .calls import (as_array, execute_plan, failed, maybe_check, program_for, select_transport, shm_forced, shm_transport,
-                    signature, ufuncs, usable)
+from .calls import (as_array, execute_plan, failed, maybe_check, program_for, shm_transport, signature, ufuncs,
+                    usable)
 
-_algorithms = importlib.import_module("collectives.algorithms")  # the subpackage (its name is shadowed)
+from . import algorithms as _algorithms
 
 
 class Call:
@@ -159,29 +157,10 @@ def _work_buffer(sendbuf, recvbuf, backend, copy_in):
     return out, result, copy_back
 
 
-# choose ------------------------------------------------------------------------------------------
-def _choose(comm, call):
-    """(algorithm name, the transport auto's pick was measured over or None)."""
-    nbytes = call.sendbuf.nbytes
-    if call.fmt is not None:
-        return select.choose_compressed(comm, nbytes, call.dtype, call.fmt, call.scope, call.algorithm), None
-    if call.point_to_point:
-        return select.pair_for(call.algorithm, comm, nbytes, call.dtype)[0], None
-    calibrate = None
-    if call.algorithm == "auto" and call.backend is NUMPY:  # first-use calibration, where select allows it
-        def calibrate():
-            return select.calibrate(comm, call.sendbuf, call.recvbuf, _measured_call)
-    return select.pair_for(call.algorithm, comm, nbytes, call.dtype, call.transport, calibrate)
-
-
-# bind --------------------------------------------------------------------------------------------
+# choose, plan, bind --------------------------------------------------------------------------------
 def _bind(comm, call):
-    name, preferred = _choose(comm, call)
-    module = _algorithms.get(name)
-    options = call.options
-    if name != call.algorithm and options:  # forced or chosen: keep only the options it takes
-        options = {k: v for k, v in options.items() if k in module.OPTIONS}
-    params = _algorithms.resolve(module, options, comm.hosts, comm.size)[1]
+    choice = select.choose(comm, call, _measured_call)
+    name, module, params = choice.algorithm, choice.module, choice.params
     dtype, count, op, backend = call.dtype, call.sendbuf.size, call.op, call.backend
     key = ("allreduce", name, comm.size, comm.rank, count, dtype.itemsize, tuple(sorted(params.items())))
     plan = comm.session.plan(key, lambda: module.build(comm.rank, comm.size, count, itemsize=dtype.itemsize,
@@ -197,14 +176,10 @@ def _bind(comm, call):
         return Bound(comm, _plan_runner(plan, wire, backend, reduce_fn, final_fn, what, None, sig), what,
                      wire, rounding)
     what = f"allreduce({name})"
-    if call.point_to_point:
-        return Bound(comm, _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, None, sig), what)
-    shm = None
-    if backend is NUMPY and select_transport(comm, module, call.sendbuf.nbytes, call.transport, preferred) == "shm":
-        shm = shm_transport(comm, name, count, dtype.itemsize, params, module)
+    shm = shm_transport(comm, name, count, dtype.itemsize, params, module) if choice.transport == "shm" else None
     # a prepared program's tags differ from the plan's: none where another node's ranks may run
     # this call over shared memory (a rank alone on its host meets them through MPI)
-    if backend is NUMPY and shm is None and not shm_forced(module, call.transport, preferred):
+    if choice.prepared:
         program = program_for(comm, plan, name, op, dtype, count, params, reduce_fn, final_fn, what)
         if program is not None:
             return Bound(comm, program, what)

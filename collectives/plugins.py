@@ -28,7 +28,7 @@ import os
 import sys
 import warnings
 
-_registry = importlib.import_module("collectives.algorithms")
+from . import algorithms as _registry
 from .flat import _Flat, build_plans
 from .model import ALPHA, BETA, GAMMA
 from .plan import Plan, PlanError

@@ -4,11 +4,10 @@ messages, or over shared memory where a step costs more than a message), the che
 The selector (collectives/select.py) and first-use calibration (collectives/autotune.py, which
 screens the model's best pairs) both rank with these.
 """
-import importlib
 
 from .model import ALPHA, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA, GAMMA
 
-_algorithms = importlib.import_module("collectives.algorithms")  # the subpackage (its name is shadowed)
+from . import algorithms as _algorithms
 
 
 def cost_choice(size, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, candidates=None):

@@ -5,10 +5,10 @@ the call; otherwise the alpha-beta-gamma cost of each algorithm decides, with
 defaults measured for shared memory on one node.
 """
 import logging
+from collections import namedtuple
 
-import importlib
 
-_algorithms = importlib.import_module("collectives.algorithms")
+from . import algorithms as _algorithms
 from . import config
 from .plan import ranks_by_group
 
@@ -67,9 +67,53 @@ def two_level_choice(hosts, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, alpha_i
     return _cheapest(costs), costs
 
 
-def choose(comm, nbytes, dtype):
-    """The algorithm ``auto`` runs for the call (``choose_pair`` without the transport)."""
-    return choose_pair(comm, nbytes, dtype)[0]
+def shm_asked(module, requested, preferred=None):
+    """True when a call asks for the shared-memory transport whatever its size: by ``transport=``,
+    COLLECTIVES_TRANSPORT, the algorithm's own TRANSPORT or auto's measured pick (the same answer
+    on every rank: a rank alone on its node must not run a prepared program then)."""
+    return "shm" in (requested, config.transport(), getattr(module, "TRANSPORT", None) if preferred is None else preferred)
+
+
+Choice = namedtuple("Choice", "algorithm module params transport prepared")
+Choice.__doc__ = ("What a call runs: the algorithm's name and module, its resolved options, the transport "
+                  "(\"shm\" or \"mpi\"; None where the call keeps to point-to-point messages), and whether it "
+                  "may run as a transport's prepared program (not where shared memory was asked for: a rank "
+                  "alone on its node must meet its peers' shared-memory plan through MPI, on the plan's tags).")
+
+
+def choose(comm, call, measured_call=None):
+    """The one selector: the Choice for a validated call (collectives/pipeline.py's ``Call``).
+
+    COLLECTIVES_ALGO over the caller's name; for ``auto``: the tuning table, else first-use
+    calibration where ``calibrates`` allows it (``measured_call``: the pipeline's own call path,
+    which the measurement times), else the cost model (compressed calls price the wire's bytes).
+    Then the algorithm's options (an algorithm other than the one named keeps only those it takes)
+    and, for host buffers, the transport. Every decision is logged under COLLECTIVES_DEBUG."""
+    nbytes, dtype = call.sendbuf.nbytes, call.dtype
+    host = call.backend.name == "numpy"
+    preferred = None
+    if call.fmt is not None:
+        name = choose_compressed(comm, nbytes, dtype, call.fmt, call.scope, call.algorithm)
+    elif call.point_to_point:
+        name = pair_for(call.algorithm, comm, nbytes, dtype)[0]
+    else:
+        calibrate_now = None
+        if call.algorithm == "auto" and host and measured_call is not None:
+            def calibrate_now():
+                return calibrate(comm, call.sendbuf, call.recvbuf, measured_call)
+        name, preferred = pair_for(call.algorithm, comm, nbytes, dtype, call.transport, calibrate_now)
+    module = _algorithms.get(name)
+    options = call.options
+    if name != call.algorithm and options:  # forced or chosen: keep only the options it takes
+        options = {k: v for k, v in options.items() if k in module.OPTIONS}
+    params = _algorithms.resolve(module, options, comm.hosts, comm.size)[1]
+    transport, prepared = None, False
+    if host and call.fmt is None and not call.point_to_point:
+        transport, why = transport_choice(comm, module, nbytes, call.transport, preferred)
+        if getattr(comm, "mpi_comm", None) is not None:  # (a threaded world has one transport)
+            log_transport(comm, nbytes, module.NAME, transport, why)
+        prepared = transport == "mpi" and not shm_asked(module, call.transport, preferred)
+    return Choice(name, module, params, transport, prepared)
 
 
 def choose_pair(comm, nbytes, dtype, transport="auto"):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import collectives
 from tests.helpers import ALL_DTYPES, bitwise_equal, integer_valued, ops_for, random_floats, reference, tolerance
 
-ALGORITHMS = collectives.algorithms()
+ALGORITHMS = collectives.algorithm_names()
 WORLDS = [1, 2, 3, 5, 7, 8, 16]
 SMALL_OPTIONS = {"tree": {"segment_bytes": 16}, "double_binary_tree": {"segment_bytes": 16},
                  "hierarchical_copy": {"group_size": 2}}

@@ -36,7 +36,7 @@ def test_buckets_are_powers_of_two_and_keys_name_everything_that_decides():
 
 
 def test_candidates_are_every_algorithm_over_mpi_and_the_models_best_over_shm():
-    names = collectives.algorithms()
+    names = collectives.algorithm_names()
     for size, nbytes in ((2, 8), (2, 1 << 20), (4, 64 << 20)):
         found = autotune.candidates(size, nbytes, 4, shm=True)
         assert found == autotune.candidates(size, nbytes, 4, shm=True)
@@ -76,7 +76,7 @@ def test_the_fastest_pair_wins_and_near_ties_go_to_the_first_in_candidate_order(
 
 
 def test_pairs_travel_as_one_number_every_rank_reads_alike():
-    for name in collectives.algorithms():
+    for name in collectives.algorithm_names():
         for transport in ("mpi", "shm"):
             assert autotune._pair(autotune._code((name, transport))) == (name, transport)
     assert autotune._code(None) == 0 and autotune._pair(0) is None
@@ -158,7 +158,7 @@ def test_a_threaded_world_never_calibrates(calibration_file):
         return select.pair_for("auto", comm, 1 << 20, np.dtype(np.float32), "auto", never)
 
     picks = collectives.run_threaded(2, body)
-    assert picks[0] == picks[1] and picks[0][0] in collectives.algorithms()
+    assert picks[0] == picks[1] and picks[0][0] in collectives.algorithm_names()
     out = collectives.run_threaded(2, lambda comm: collectives.allreduce(np.ones(300_000, np.float32), comm=comm))
     assert (out[0] == 2).all() and not os.path.exists(calibration_file)
 

@@ -7,7 +7,7 @@ from benchmarks import allreduce_perf
 
 
 def test_auto_label_fits_the_algorithm_column_whatever_it_ran():
-    names = collectives.algorithms()
+    names = collectives.algorithm_names()
     rows = ["native", "auto"] + names
     widths = allreduce_perf.table_widths(rows, names)
     for a, b in itertools.product(names, repeat=2):
@@ -17,7 +17,7 @@ def test_auto_label_fits_the_algorithm_column_whatever_it_ran():
 
 
 def test_every_row_label_fits_with_the_transport_the_library_chose():
-    names = collectives.algorithms()
+    names = collectives.algorithm_names()
     rows = ["native", "auto"] + [f"{n}@shm" for n in names] + names
     width = allreduce_perf.label_width(rows, names)
     assert all(len(f"{n}@mpi") < width for n in names)

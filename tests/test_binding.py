@@ -139,7 +139,7 @@ def _run_all(plans, data, op="sum", in_place=False):
     return run_threaded(SIZE, body)
 
 
-@pytest.mark.parametrize("name", collectives.algorithms())
+@pytest.mark.parametrize("name", collectives.algorithm_names())
 @pytest.mark.parametrize("in_place", [False, True])
 def test_executor_and_programs_give_the_same_bits(name, in_place):
     count = 1001

@@ -17,7 +17,7 @@ def as_tuples(plans):
     return plans
 
 
-@pytest.mark.parametrize("name", collectives.algorithms())
+@pytest.mark.parametrize("name", collectives.algorithm_names())
 def test_flattening_columns_equals_flattening_tuples(name):
     for ranks, count in SHAPES:
         for ops in (False, True):

@@ -37,7 +37,7 @@ def _bound(inputs, fmt, n):
 
 
 @pytest.mark.parametrize("scope", compression.SCOPES)
-@pytest.mark.parametrize("algorithm", [a for a in collectives.algorithms()])
+@pytest.mark.parametrize("algorithm", [a for a in collectives.algorithm_names()])
 @pytest.mark.parametrize("n", N_RANKS)
 def test_every_algorithm_bitwise_identical_and_within_bound(algorithm, n, scope):
     colors = HOST_SHAPES[n]
@@ -272,7 +272,7 @@ def test_auto_picks_with_the_wire_bytes(monkeypatch):
 
     hosts = ((0, 1), (2, 3))
     name = select.choose_compressed(Fake(), 16 << 20, np.dtype(np.float32), "bf16", "across_hosts", "auto")
-    candidates = [a for a in collectives.algorithms() if a != "shm"]
+    candidates = [a for a in collectives.algorithm_names() if a != "shm"]
     _, exact_costs = select.two_level_choice(hosts, 16 << 20, candidates=candidates)
     _, wire_costs = select.two_level_choice(hosts, 16 << 20, beta_inter=select.BETA_INTER / 2, candidates=candidates)
     assert name == min(wire_costs, key=wire_costs.get) and name != "shm"

@@ -66,7 +66,7 @@ def test_block_errors():
 
 
 def test_every_algorithm_documents_itself():
-    for name in collectives.algorithms():
+    for name in collectives.algorithm_names():
         module = registry.get(name)
         assert module.__name__.endswith("." + name)
         doc = module.__doc__ or ""
@@ -139,3 +139,16 @@ def test_check_lets_allgather_blocks_differ_in_size(monkeypatch):
     results = collectives.run_threaded(
         3, lambda c: collectives.allgather(np.full(c.rank + 1, c.rank, np.int64), comm=c))
     assert all(r.tolist() == [0, 1, 1, 2, 2, 2] for r in results), results
+
+
+def test_algorithms_is_the_deprecated_name_of_algorithm_names():
+    """``collectives.algorithms`` is the registry subpackage (no function shadows it); calling it
+    still gives the names, with a DeprecationWarning."""
+    import types
+
+    import collectives.algorithms.ring as ring_module
+
+    assert isinstance(collectives.algorithms, types.ModuleType)
+    assert collectives.algorithms.ring is ring_module
+    with pytest.warns(DeprecationWarning, match="algorithm_names"):
+        assert collectives.algorithms() == collectives.algorithm_names()

@@ -110,7 +110,7 @@ def _mismatch_pattern(algorithm, field="count"):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_mismatched_count_without_check_aborts(algorithm, n):
     code, out, seconds = launch("count", n, algorithm=algorithm)
     assert_failed_loudly(code, out, seconds, ABORT, _mismatch_pattern(algorithm))
@@ -126,7 +126,7 @@ def test_mismatched_count_in_split_messages_aborts(algorithm, n):
     assert_failed_loudly(code, out, seconds, ABORT, _mismatch_pattern(algorithm))
 
 
-@pytest.mark.skipif("shm" not in collectives.algorithms(), reason="no shm algorithm registered")
+@pytest.mark.skipif("shm" not in collectives.algorithm_names(), reason="no shm algorithm registered")
 @pytest.mark.parametrize("case, n, field, detail", [
     ("count", 2, "count", "rank 1: 1001"),
     ("count", 3, "count", "rank 1: 1001"),
@@ -209,7 +209,7 @@ def test_rank_killed_midway_ends_the_job(n):
     assert KILLED.search(out) or timed_out, f"neither MPICH's report of the killed rank nor a timeout\n{out}"
 
 
-@pytest.mark.skipif("shm" not in collectives.algorithms(), reason="no shm algorithm registered")
+@pytest.mark.skipif("shm" not in collectives.algorithm_names(), reason="no shm algorithm registered")
 def test_rank_that_never_calls_shm_times_out_in_the_barrier_naming_it():
     # the shared-memory path synchronises through barriers: their timeout names the rank too
     code, out, seconds = launch("never_calls", 3, algorithm="shm")
@@ -253,7 +253,7 @@ def test_absent_rank_at_multi_worker_strategy_start_up_is_named(n):
 
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("case", ["dtype_same", "op"])
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_same_size_mismatch_without_check_aborts(algorithm, case, n):
     code, out, seconds = launch(case, n, algorithm=algorithm)
     field = "dtype" if case == "dtype_same" else "op"

@@ -121,7 +121,7 @@ def test_many_back_to_back_calls_on_a_slow_link(monkeypatch):
     link that delivers late; every call matches, so every rank returns the same bits."""
     def fn(comm):
         out = []
-        for name in collectives.algorithms():
+        for name in collectives.algorithm_names():
             if name in ("shm",):
                 continue
             x = np.arange(4096, dtype=np.float32) + comm.rank

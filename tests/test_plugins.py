@@ -28,7 +28,7 @@ def examples():
     assert set(names) <= {"direct", "torus"}
     yield
     for name in ("direct", "torus"):
-        if name in collectives.algorithms():
+        if name in collectives.algorithm_names():
             collectives.unregister_algorithm(name)
 
 
@@ -60,7 +60,7 @@ def broken(mutate, **kw):
 
 
 def test_every_builtin_and_both_examples_verify(examples):
-    for name in collectives.algorithms():
+    for name in collectives.algorithm_names():
         assert collectives.verify(name, ranks=range(1, 10), counts=(0, 1, 2, 7, 100)) == 45, name
     assert collectives.verify("direct", ranks=range(1, 17), counts=(0, 1, 2, 7, 1000), fanout=3) == 80
     assert collectives.verify("torus", ranks=(4, 6, 8, 12), counts=(5, 1000), rows=2) == 8
@@ -161,7 +161,7 @@ def test_build_and_cost_mistakes_are_plan_errors():
         collectives.register_algorithm(algo(exchange, name="negative", cost=lambda *a: -1.0))
     with pytest.raises(PlanError, match="build raised ZeroDivisionError"):
         collectives.verify(algo(lambda rank, size, count, itemsize=1: 1 // 0), ranks=2, counts=1)
-    assert "nolist" not in collectives.algorithms() and "negative" not in collectives.algorithms()
+    assert "nolist" not in collectives.algorithm_names() and "negative" not in collectives.algorithm_names()
 
 
 def test_register_refuses_taken_and_reserved_names_and_replaces_on_request():
@@ -175,7 +175,7 @@ def test_register_refuses_taken_and_reserved_names_and_replaces_on_request():
     with pytest.raises(PlanError, match="doubled, 1 rank, count 1, out of place: rank 0, step 1/1, OUT.0.: "
                                         "the element is reduced twice"):
         collectives.register_algorithm(bad)
-    assert "doubled" not in collectives.algorithms()
+    assert "doubled" not in collectives.algorithm_names()
     ring = collectives.plugins._registry.get("ring")
     assert collectives.register_algorithm(algo(exchange, name="mine")) == "mine"
     try:
@@ -186,7 +186,7 @@ def test_register_refuses_taken_and_reserved_names_and_replaces_on_request():
         assert collectives.plugins._registry.get("mine").build is ring.build
     finally:
         collectives.unregister_algorithm("mine")
-    assert "mine" not in collectives.algorithms()
+    assert "mine" not in collectives.algorithm_names()
     with pytest.raises(ValueError, match="unknown algorithm 'mine'"):
         collectives.unregister_algorithm("mine")
 
@@ -241,7 +241,7 @@ def test_auto_uses_a_registered_cost(monkeypatch):
     try:
         assert select.cost_choice(64, 1 << 20)[0] == "free"
         out = collectives.run_threaded(3, lambda comm: (collectives.allreduce(np.ones(4), comm=comm),
-                                                        select.choose(comm, 32, np.dtype(np.float64))))
+                                                        select.choose_pair(comm, 32, np.dtype(np.float64))[0]))
         assert all(name == "free" and (y == 3).all() for y, name in out)
     finally:
         collectives.unregister_algorithm("free")
@@ -270,13 +270,13 @@ def _python(code, **env):
 
 def test_collectives_plugins_variable_loads_files_in_any_program():
     code = ("import numpy as np, collectives; "
-            "print(sorted(set(collectives.algorithms()) - {'ring'})[:2], "
+            "print(sorted(set(collectives.algorithm_names()) - {'ring'})[:2], "
             "collectives.run_threaded(3, lambda c: int(collectives.allreduce(np.ones(2), comm=c, "
             "algorithm='torus')[0]))[0])")
     proc = _python(code, COLLECTIVES_PLUGINS=DIRECT + os.pathsep + TORUS)
     assert proc.returncode == 0, proc.stderr
     assert "direct" in proc.stdout and proc.stdout.strip().endswith("3")
-    proc = _python("import collectives; collectives.algorithms()", COLLECTIVES_PLUGINS="/nonexistent/x.py")
+    proc = _python("import collectives; collectives.algorithm_names()", COLLECTIVES_PLUGINS="/nonexistent/x.py")
     assert proc.returncode != 0 and "algorithm file '/nonexistent/x.py' not found" in proc.stderr
 
 
@@ -300,7 +300,7 @@ def test_entry_points_register_on_first_use_and_a_broken_one_only_warns():
             f.write("[collectives.algorithms]\nring_copy = myalgos:Copy\nbroken = myalgos:Missing\n")
         proc = _python("import numpy as np, collectives; "
                        "print(collectives.run_threaded(2, lambda c: int(collectives.allreduce(np.ones(1), comm=c, "
-                       "algorithm='ring_copy')[0]))); print('ring_copy' in collectives.algorithms())",
+                       "algorithm='ring_copy')[0]))); print('ring_copy' in collectives.algorithm_names())",
                        PYTHONPATH=where)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[2,", "2]", "True"]

@@ -23,7 +23,7 @@ from collectives.errors import CollectiveError, CollectiveTimeout, MismatchError
 from tests.helpers import ALL_DTYPES, integer_valued, ops_for, reference
 
 select = importlib.import_module("collectives.select")
-ALGORITHMS = collectives.algorithms()
+ALGORITHMS = collectives.algorithm_names()
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -492,7 +492,7 @@ def _auto_choice(n, nbytes):
 
     def body(comm):
         if comm.rank == 0:
-            box["name"] = select.choose(comm, nbytes, np.dtype(np.float32))
+            box["name"] = select.choose_pair(comm, nbytes, np.dtype(np.float32))[0]
         return collectives.allreduce(np.ones(nbytes // 4, np.float32), comm=comm)
 
     results = collectives.run_threaded(n, body)

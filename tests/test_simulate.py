@@ -7,7 +7,7 @@ import collectives
 from collectives import simulate as sim
 from collectives.plan import REDUCE, PlanError, Step
 
-ALGORITHMS = collectives.algorithms()
+ALGORITHMS = collectives.algorithm_names()
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

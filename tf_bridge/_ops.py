@@ -62,7 +62,7 @@ class CollectivesAllReduce(NumpyPath, tf.distribute.CrossDeviceOps):
     """A ``tf.distribute.CrossDeviceOps`` running ``collectives.allreduce`` with a chosen algorithm.
 
     Args:
-      algorithm: one of ``collectives.algorithms()`` (or ``"auto"``).
+      algorithm: one of ``collectives.algorithm_names()`` (or ``"auto"``).
       comm: ``None`` for one process (local devices reduced by a threaded world), or an
         mpi4py communicator: local devices are added, the result all-reduced across its
         processes and copied back to every local device.
@@ -100,7 +100,7 @@ class CollectivesAllReduce(NumpyPath, tf.distribute.CrossDeviceOps):
             raise ValueError(f"compression_scope must be one of {', '.join(collectives.compression.SCOPES)}, "
                              f"got {compression_scope!r}")
         self.compression, self.compression_scope, self.bucket_bytes = compression, compression_scope, bucket_bytes
-        valid = collectives.algorithms()
+        valid = collectives.algorithm_names()
         if algorithm != "auto" and algorithm not in valid:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid algorithms: auto, {', '.join(valid)}")
         if algorithm != "auto":

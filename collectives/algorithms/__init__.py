@@ -11,10 +11,16 @@ outside the package come through ``collectives.register_algorithm`` (which verif
 plans first, ``collectives/plugins.py``). Hooks in ``on_load`` run once, after the built-ins
 are registered and before the first lookup returns (plugins from entry points and
 ``COLLECTIVES_PLUGINS``). The test sweep and the benchmark take every name from
-``collectives.algorithms()``.
+``collectives.algorithm_names()``.
+
+This package is callable: ``collectives.algorithms()`` is the deprecated name of
+``collectives.algorithm_names()`` (the package keeps its own name; no function shadows it).
 """
 import importlib
+import sys
 import threading
+import types
+import warnings
 
 from ._options import normalize
 
@@ -108,3 +114,15 @@ def resolve(algorithm, options, topology, size=None):
     if hook is not None:
         opts = hook(opts, topology() if callable(topology) else topology)
     return module, opts
+
+
+class _CallablePackage(types.ModuleType):
+    """``collectives.algorithms()``: the deprecated name of ``collectives.algorithm_names()``."""
+
+    def __call__(self):
+        warnings.warn("collectives.algorithms() is deprecated; use collectives.algorithm_names()",
+                      DeprecationWarning, stacklevel=2)
+        return names()
+
+
+sys.modules[__name__].__class__ = _CallablePackage

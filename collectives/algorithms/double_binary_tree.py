@@ -10,7 +10,7 @@ steps; the two trees talk on separate channels. This is the layout NCCL uses
 across nodes.
 
 Steps: 2(d + s) for depth d = ceil(lg n) and s segments per half.
-Bytes per rank: a rank with two children in its tree sends N/2 to each parent
+Bytes sent per rank: a rank with two children in its tree sends N/2 to each parent
 (reduce) and N/2 to each child (broadcast), and receives as much: 2N each way;
 ranks with one child or none move less. The ring moves 2(n-1)/n N each way.
 Cost (alpha-beta-gamma; the simulator's flat network, a rank's link full

@@ -46,7 +46,7 @@ if len(set(node_hosts)) != 1:
     problems.append(f"a shared-memory node spans hosts {set(node_hosts)}")
 
 # every algorithm against the MPI library's own all-reduce
-for algorithm in collectives.algorithms():
+for algorithm in collectives.algorithm_names():
     for dtype in (np.int32, np.float64):
         for count in (1, SIZE + 1, 5000):
             x = ((np.arange(count) + RANK) % 7).astype(dtype)

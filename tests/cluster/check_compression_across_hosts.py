@@ -33,7 +33,7 @@ def exact_sum(x):
 hosts = topology(collectives.as_comm(WORLD))
 if len(hosts) < 2:
     problems.append(f"the library sees {len(hosts)} host(s)")
-for algorithm in collectives.algorithms():
+for algorithm in collectives.algorithm_names():
     for fmt in compression.FORMATS:
         for count in (1, 1001, 300001):
             x = np.random.default_rng(count + RANK).standard_normal(count).astype(np.float32)

@@ -70,7 +70,7 @@ def _sweep(algorithm, counts=(0, WORLD.size + 1, 1 << 17)):
     return ok, why
 
 
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_host_staging_matches_native(algorithm, monkeypatch):
     monkeypatch.setenv("COLLECTIVES_CUDA_AWARE", "0")
     assert not cuda.cuda_aware() and "host staging" in cuda.describe()
@@ -79,7 +79,7 @@ def test_host_staging_matches_native(algorithm, monkeypatch):
 
 @pytest.mark.skipif(not AWARE_OK, reason=f"the MPI library is not CUDA-aware ({HOW}); "
                                          f"COLLECTIVES_CUDA_AWARE={FORCED}")
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_cuda_aware_path_matches_native(algorithm, monkeypatch):
     monkeypatch.setenv("COLLECTIVES_CUDA_AWARE", "1")
     assert cuda.cuda_aware()
@@ -120,7 +120,7 @@ def test_matches_nccl():
             pytest.skip(why)
         oracle = nccl.NcclAllreduce(comm)
         ok, msg = True, ""
-        for algorithm in collectives.algorithms():
+        for algorithm in collectives.algorithm_names():
             for dtype in MPI_DTYPES:
                 for op in [o for o in collectives.OPS if o != "avg" or dtype.kind == "f"]:
                     if not nccl.supports(op, dtype):

@@ -28,7 +28,7 @@ def _run(n, algorithm, dtype, op, count, data, options=None):
 
 
 @needs_two
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_one_gpu_per_rank_exact(algorithm):
     n = min(NGPU, 4)
     for options in ({}, OPTIONS.get(algorithm, {})):
@@ -57,7 +57,7 @@ def test_hierarchical_copy_across_gpus_large():
 
 
 @needs_two
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_matches_nccl(algorithm):
     n = min(NGPU, 8)
     why = nccl.module()[1]

@@ -32,14 +32,14 @@ def _sweep(comm, algorithm, options):
     return failures
 
 
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_sweep_exact_on_integer_data(algorithm):
     for options in ({}, OPTIONS.get(algorithm, {})):
         failures = sum(collectives.run_threaded(N, _sweep, algorithm, options), [])
         assert not failures, failures[:10]
 
 
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 @pytest.mark.parametrize("dtype", [d for d in DEVICE_DTYPES if d.kind == "f"], ids=str)
 def test_random_floats_within_tolerance_and_identical_on_all_ranks(algorithm, dtype):
     count = 1 << 14

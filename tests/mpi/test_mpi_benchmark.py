@@ -35,7 +35,7 @@ def test_sweep_prints_every_algorithm_against_native_and_writes_json(tmp_path_fa
         sizes = sorted({r["size"] for r in records})
         floors = {"floor:zero-copy", "floor:one-copy"}  # printed beside the rows, always at n=2
         names = {r["algorithm"] for r in records} - (floors if WORLD.size == 2 else set())
-        expected = set(collectives.algorithms()) | {"native", "auto"}
+        expected = set(collectives.algorithm_names()) | {"native", "auto"}
         if WORLD.size == 2 and not floors <= {r["algorithm"] for r in records}:
             ok, why = False, "no memory floors at n=2"
         if not ok:
@@ -79,7 +79,7 @@ def test_bfloat16_sweep_has_a_native_row_and_no_wrong_elements(op, capsys):
         natives = [row for row in rows if row[4] == "native"]
         if "user-defined op" not in text:
             ok, why = False, "no note on how native reduces bfloat16"
-        elif len(natives) != 3 or len(rows) != 3 * (len(collectives.algorithms()) + 2):
+        elif len(natives) != 3 or len(rows) != 3 * (len(collectives.algorithm_names()) + 2):
             ok, why = False, f"{len(natives)} native rows, {len(rows)} rows"
         elif any(row[2] != "bfloat16" or row[8] != "0" or row[13] != "0" for row in rows):
             ok, why = False, "wrong elements, or a row of another dtype"

@@ -20,7 +20,7 @@ RANK, N = WORLD.rank, WORLD.size
 # between the small-message programs and the bound limit; one odd count
 COUNTS = [calls.PROGRAM_MAX_BYTES // 4 + 1000, calls.BOUND_MAX_BYTES // 4 - 7]
 # shm runs on the shared-memory transport, which has no prepared programs
-ALGORITHMS = [name for name in collectives.algorithms() if name != "shm"]
+ALGORITHMS = [name for name in collectives.algorithm_names() if name != "shm"]
 
 
 def agree(ok, message):

@@ -33,7 +33,7 @@ def native_sum(x):
 
 def test_many_requests_in_flight_beside_blocking_calls_match_native():
     ok, why = True, ""
-    names = collectives.algorithms()
+    names = collectives.algorithm_names()
     requests, inputs = [], []
     for i in range(30):
         dtype = (np.int64, np.float64, np.int32)[i % 3]
@@ -51,7 +51,7 @@ def test_many_requests_in_flight_beside_blocking_calls_match_native():
     agree(ok and collectives.open_requests() == 0, why)
 
 
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_compression_every_algorithm_bitwise_identical_within_bound(algorithm):
     ok, why = True, ""
     n = WORLD.size

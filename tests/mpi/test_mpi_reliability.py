@@ -39,7 +39,7 @@ def expected_sum(call, count):
 
 def test_successive_calls_of_every_size_and_algorithm_never_mix():
     ok, why = True, ""
-    names = collectives.algorithms()
+    names = collectives.algorithm_names()
     sizes = (0, 1, 3, N + 1, 257, 4099)
     call = 0
     for rep in range(3):
@@ -60,7 +60,7 @@ def test_blocks_interleaved_with_allreduce_never_mix():
         x = value(RANK, call, count)
         full = expected_sum(call, count)
         rs = collectives.reduce_scatter(x, algorithm=list(blocks.REDUCE_SCATTER)[call % 2])
-        y = collectives.allreduce(x, algorithm=collectives.algorithms()[call % len(collectives.algorithms())])
+        y = collectives.allreduce(x, algorithm=collectives.algorithm_names()[call % len(collectives.algorithm_names())])
         g = collectives.allgather(x[:RANK + call % 3], algorithm=list(blocks.ALLGATHER)[call % 2])
         b = x.copy()
         collectives.broadcast(b, root=call % N, algorithm=list(blocks.BROADCAST)[call % 2])
@@ -91,7 +91,7 @@ def test_split_communicators_interleaved_never_mix():
     ok, why = True, ""
     for call in range(6):
         for index, (comm, members) in enumerate(comms):
-            algorithm = collectives.algorithms()[(call + index) % len(collectives.algorithms())]
+            algorithm = collectives.algorithm_names()[(call + index) % len(collectives.algorithm_names())]
             tag = call * 10 + index
             y = collectives.allreduce(value(RANK, tag, 50 + call), comm=comm, algorithm=algorithm)
             if not np.array_equal(y, sum(value(m, tag, 50 + call) for m in members)):
@@ -109,7 +109,7 @@ def test_user_traffic_on_the_same_communicator_never_mixes():
     outgoing = np.full(64, 5000 + RANK, np.int64)
     reqs = [WORLD.Irecv(incoming, source=left, tag=0)]
     ok, why = True, ""
-    for index, algorithm in enumerate(collectives.algorithms()):
+    for index, algorithm in enumerate(collectives.algorithm_names()):
         for rep in range(4):
             call, count = 4 * index + rep, 64  # the user's message size: a mix-up passes the size check
             y = collectives.allreduce(value(RANK, call, count), comm=WORLD, algorithm=algorithm)
@@ -144,7 +144,7 @@ def _data_path_without_pickle():
     x = value(RANK, 1, 301)
     full = expected_sum(1, 301)
     for comm in (fresh, None):
-        for algorithm in collectives.algorithms():
+        for algorithm in collectives.algorithm_names():
             for options in ({}, OPTIONS.get(algorithm, {})):
                 if not np.array_equal(collectives.allreduce(x, algorithm=algorithm, comm=comm, **options), full):
                     ok, why = False, f"allreduce {algorithm}"
@@ -230,7 +230,7 @@ def test_check_names_the_field_on_every_rank(monkeypatch, field, call):
     agree(ok, why)
 
 
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_mismatched_count_is_an_error_on_every_rank_never_a_result(monkeypatch, algorithm):
     # COLLECTIVES_ON_ERROR=raise: the detecting rank raises MismatchError, a rank left waiting
     # raises CollectiveTimeout; no rank may return a result
@@ -276,7 +276,7 @@ def _shm_mismatch(comm, make, field):
     ("dtype", lambda: np.ones(100, np.int32 if RANK == 1 else np.float32)),  # same byte size
 ], ids=["count", "one-rank-grows", "others-grow", "same-size-dtype"])
 def test_shm_mismatch_without_check_is_the_same_error_on_every_rank(monkeypatch, field, make):
-    if N < 2 or "shm" not in collectives.algorithms():
+    if N < 2 or "shm" not in collectives.algorithm_names():
         pytest.skip("a mismatch needs two ranks and the shm algorithm")
     monkeypatch.delenv("COLLECTIVES_CHECK", raising=False)
     monkeypatch.setenv("COLLECTIVES_ON_ERROR", "raise")

@@ -38,12 +38,12 @@ def data(count, call=0):
     return rng.standard_normal(count)
 
 
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_every_algorithm_gives_the_same_bits_over_both_transports(algorithm):
     agree(*same_bits_over_both_transports(algorithm, None))
 
 
-@pytest.mark.parametrize("algorithm", collectives.algorithms())
+@pytest.mark.parametrize("algorithm", collectives.algorithm_names())
 def test_every_algorithm_the_same_with_cross_memory_attach_for_every_message(algorithm, monkeypatch):
     """As above with CMA_MIN_BYTES at 0 (it is 8 MiB: smaller messages are staged), so that every
     message a receiver only copies is read out of the sender's process, where the node allows it."""
@@ -152,7 +152,7 @@ def test_auto_without_a_table_prices_the_transport_the_call_will_use(monkeypatch
         lines = [r.getMessage() for r in caplog.records if f"{x.nbytes} bytes of float64 ->" in r.getMessage()]
         single_node = len(ours.hosts()) == 1 and WORLD.size > 1 and shm_transport.available(ours)
         over_shm, _ = select.shm_cost_choice(WORLD.size, x.nbytes, 8,
-                                             candidates=[n for n in collectives.algorithms() if n != "two_level"])
+                                             candidates=[n for n in collectives.algorithm_names() if n != "two_level"])
         over_mpi = select.choose_pair(ours, x.nbytes, x.dtype, "mpi")[0]
         ok = np.allclose(y, z) and identical_everywhere(y) and identical_everywhere(z)
         if single_node:
@@ -194,7 +194,7 @@ def test_auto_runs_a_tuned_pair_over_the_transport_it_was_measured_over(monkeypa
     import json
 
     from collectives import select, tuning
-    from collectives.calls import shm_forced as _shm_forced
+    from collectives.select import shm_asked as _shm_forced
     from collectives.algorithms import shm as direct
 
     comm = WORLD.Dup()

@@ -11,7 +11,7 @@ import tf_bridge  # noqa: E402
 from tf_bridge import _tf_internals  # noqa: E402
 
 SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
-ALGORITHMS = collectives.algorithms()
+ALGORITHMS = collectives.algorithm_names()
 
 
 def _strategy(devices, ops):

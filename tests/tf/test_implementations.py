@@ -10,7 +10,7 @@ import tf_bridge  # noqa: E402
 from tf_bridge import _tf_plan  # noqa: E402
 
 SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
-ALGORITHMS = collectives.algorithms()
+ALGORITHMS = collectives.algorithm_names()
 # mixed sizes: big and small tensors, odd lengths, a scalar; the pack is cut into many pieces
 SHAPES = [(300, 7), (5,), (1,), (129, 3), (), (40,)]
 
