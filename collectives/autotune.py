@@ -22,8 +22,10 @@ How:
   (``XDG_CACHE_HOME`` respected; ``COLLECTIVES_AUTOTUNE_FILE`` names another file), written
   atomically. Every later call of the bucket, in this run or the next, runs it with no measuring.
 - ``COLLECTIVES_AUTOTUNE=0`` turns this off: the cost model decides, as it does for calls a
-  tuning table (``python -m collectives.tune``, which wins wherever it covers a call), several
-  hosts, the threaded world, a named transport, ``iallreduce`` and compression leave to it.
+  tuning table (``python -m collectives.tune``, which wins wherever it covers a call), the
+  threaded world, a named transport, ``iallreduce`` and compression leave to it. Ranks on several
+  hosts calibrate too, through collectives/network_fit.py (the link fitted first, the fitted
+  model's best few measured), into the same file.
 
 Cost: the first call of a bucket runs every candidate through all its rounds, so it lasts far
 longer than a call (what it took here: docs/performance.md#first-use-calibration); in place it
@@ -124,7 +126,8 @@ def _read(where, quiet=False):
             raise ValueError(f"not a collectives calibration file (no \"format\": \"{FORMAT}\")")
         entries = {}
         for name, entry in data["entries"].items():
-            if not isinstance(entry, dict) or entry.get("transport") not in ("mpi", "shm") \
+            # "auto": a pick across hosts, whose transport inside each host is the library's rule
+            if not isinstance(entry, dict) or entry.get("transport") not in ("mpi", "shm", "auto") \
                     or not isinstance(entry.get("algorithm"), str):
                 raise ValueError(f"entry {name!r} is malformed")
             entries[name] = entry
@@ -217,7 +220,7 @@ def _comm_key(comm, dtype, nbytes, in_place, shared):
     return key(describe(), comm.size, dtype, nbytes, in_place, shared)
 
 
-def measure(comm, sendbuf, recvbuf, pairs, allreduce, barrier):
+def measure(comm, sendbuf, recvbuf, pairs, allreduce, barrier, how=None):
     """({finalist: seconds per call}, {pair: seconds per call, screening}), the same figures on
     every rank. Screening: every pair in SCREEN_ROUNDS rounds, each in its own order; final: the FINALISTS
     fastest of them in FINAL_ROUNDS more. A round is one batch of back-to-back calls per pair,
@@ -226,7 +229,8 @@ def measure(comm, sendbuf, recvbuf, pairs, allreduce, barrier):
     them: where the data lies, a shared array for one, changes what is fastest), into
     ``recvbuf`` (overwritten by the call anyway) or, in place, on ``sendbuf`` whose data is
     restored afterwards; else on copies. A pair refused for this call (ValueError on every rank
-    alike) is left out."""
+    alike) is left out. ``how``: the rounds to run (``_measure_pairs`` unless given; across
+    hosts collectives/network_fit.py's shorter ones)."""
     limit = max(1, MEASURE_MAX_BYTES // sendbuf.itemsize)
     contiguous = sendbuf.flags.c_contiguous
     source = (sendbuf if contiguous else np.ascontiguousarray(sendbuf)).reshape(-1)[:limit]
@@ -245,7 +249,7 @@ def measure(comm, sendbuf, recvbuf, pairs, allreduce, barrier):
             allreduce(source, work, algorithm=pair[0], comm=comm, transport=pair[1])
 
     try:
-        return _measure_pairs(comm, pairs, run, allreduce, barrier)
+        return (how or _measure_pairs)(comm, pairs, run, allreduce, barrier)
     finally:
         if saved is not None:
             source[...] = saved

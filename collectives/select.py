@@ -1,8 +1,10 @@
 """algorithm="auto": pick an algorithm per (world size, message size, dtype).
 
 A tuning table written by ``python -m collectives.tune`` wins where it covers
-the call; otherwise the alpha-beta-gamma cost of each algorithm decides, with
-defaults measured for shared memory on one node.
+the call; else first-use calibration (one node: collectives/autotune.py; across
+hosts: collectives/network_fit.py, which fits the link first); else the
+alpha-beta-gamma cost of each algorithm decides, with the defaults of
+collectives/model.py.
 """
 import logging
 from collections import namedtuple
@@ -14,9 +16,10 @@ from .plan import ranks_by_group
 
 # the model's defaults (collectives/model.py): shared memory inside a node, a 10 Gbit/s link per
 # host between hosts (beta_inter is per byte of one host's link, which the host's ranks share)
-from .model import (ALPHA, ALPHA_INTER, ALPHA_NODE_STEP, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA,  # noqa: E402
+from .model import (ALPHA, ALPHA_INTER, ALPHA_NODE_STEP, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA,  # noqa: E402,F401
                     BETA_INTER, GAMMA)
-from .ranking import _cheapest, cost_choice, shm_cost_choice  # noqa: E402,F401 - select's names too
+from .ranking import (_cheapest, cost_choice, describe_topology, shm_cost_choice,  # noqa: E402,F401 - select's names too
+                      two_level_choice)
 from . import autotune  # noqa: E402
 
 _log = logging.getLogger("collectives")
@@ -29,42 +32,6 @@ def topology(comm):
     (``Communicator.hosts()``, for any object with ``node_colors()``)."""
     hosts = getattr(comm, "hosts", None)
     return hosts() if hosts is not None else ranks_by_group(comm.node_colors())
-
-
-def describe_topology(hosts):
-    counts = [len(h) for h in hosts]
-    per_host = str(counts[0]) if len(set(counts)) == 1 else ",".join(map(str, counts))
-    return f"{len(hosts)} host{'s' if len(hosts) > 1 else ''} x {per_host} rank{'s' if max(counts) > 1 else ''}"
-
-
-def two_level_choice(hosts, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA, alpha_inter=ALPHA_INTER,
-                     beta_inter=BETA_INTER, candidates=None):
-    """(name, {name: predicted seconds}) across hosts: algorithms that know hosts (two_level,
-    hierarchical_copy) get the intra- and inter-host parameters; a flat algorithm pays the
-    inter-host ones on every step, its ranks sharing each host's link."""
-    size = sum(len(h) for h in hosts)
-    groups = [0] * size
-    for index, ranks in enumerate(hosts):
-        for rank in ranks:
-            groups[rank] = index
-    groups = tuple(groups)
-    sharing = max(len(h) for h in hosts)
-    costs = {}
-    names = list(candidates or _algorithms.names())
-    for name in sorted(names, key=lambda n: n != "two_level"):  # two_level first: it wins a tie
-        module = _algorithms.get(name)
-        if name == "two_level":
-            costs[name] = module.cost(size, nbytes, alpha, beta, gamma, groups=groups, alpha_inter=alpha_inter,
-                                      beta_inter=beta_inter)
-        elif name == "hierarchical_copy":  # every host leads one part per host, each part's ring on its link;
-            # with more hosts than ranks on one, a rank of it leads several parts: it receives, reduces and
-            # sends back each of them
-            led = -(-len(hosts) // min(len(h) for h in hosts))
-            costs[name] = module.cost(size, nbytes, alpha, beta * led, gamma * led, group_size=sharing,
-                                      alpha_inter=alpha_inter, beta_inter=beta_inter * len(hosts))
-        else:
-            costs[name] = module.cost(size, nbytes, alpha_inter, beta_inter * sharing, gamma)
-    return _cheapest(costs), costs
 
 
 def shm_asked(module, requested, preferred=None):
@@ -143,9 +110,10 @@ def pair_for(name, comm, nbytes, dtype, transport=None, calibrate=None):
         log_choice(comm, nbytes, dtype, name, "named by the caller")
         return name, None
     if calibrate is not None and calibrates(comm, transport):
-        hosts = (tuple(range(comm.size)),)
+        hosts = topology(comm)
         # only the tuning table's pick comes with the transport it was measured over
-        if _decide(comm.size, nbytes, dtype, True, hosts, _shm_expected(nbytes, transport))[2] is None:
+        over_shm = len(hosts) == 1 and _shm_expected(nbytes, transport)
+        if _decide(comm.size, nbytes, dtype, True, hosts, over_shm)[2] is None:
             name, measured, why = calibrate()
             log_choice(comm, nbytes, dtype, name, why)
             return name, measured
@@ -154,14 +122,12 @@ def pair_for(name, comm, nbytes, dtype, transport=None, calibrate=None):
 
 def calibrates(comm, requested):
     """Whether an ``auto`` call on ``comm`` asking for transport ``requested`` may be decided by
-    first-use calibration (collectives/autotune.py): MPI ranks all on one node, the transport
-    and the algorithm left to the library, COLLECTIVES_AUTOTUNE not 0."""
+    first-use calibration: MPI ranks (on one node: collectives/autotune.py; across hosts:
+    collectives/network_fit.py), the transport and the algorithm left to the library,
+    COLLECTIVES_AUTOTUNE not 0."""
     if getattr(comm, "mpi_comm", None) is None or comm.size == 1 or requested != "auto":
         return False
-    if not config.autotune() or config.transport() != "auto":
-        return False
-    colors = comm.node_colors()
-    return colors.count(colors[0]) == comm.size  # several hosts: the two-level model decides
+    return bool(config.autotune()) and config.transport() == "auto"
 
 
 def choose_for(size, nbytes, dtype, hosts=None):
@@ -316,9 +282,15 @@ def reset():
 
 
 def calibrate(comm, sendbuf, recvbuf, measured_call):
-    """(algorithm, transport, why) for an ``auto`` call on one node with no tuning table: the pick
-    stored for this machine, else measured now on the caller's buffers (collectives/autotune.py).
-    ``measured_call``: the pipeline's own call path, which the measurement times."""
+    """(algorithm, transport or None, why) for an ``auto`` call with no tuning table: the pick
+    stored for this machine (one node) or network (several hosts), else measured now on the
+    caller's buffers (collectives/autotune.py, collectives/network_fit.py). ``measured_call``:
+    the pipeline's own call path, which the measurement times."""
+    hosts = topology(comm)
+    if len(hosts) > 1:
+        from . import network_fit
+
+        return network_fit.pick(comm, hosts, sendbuf, recvbuf, measured_call, _barrier)
     from .comm import shm as _shm  # imports mpi4py: calibration runs under MPI only
     from .comm.shm_arrays import is_shared
 

@@ -157,3 +157,28 @@ def test_the_cost_model_picks_two_level_across_hosts_from_1_mib():
             assert name == "two_level", (hosts, nbytes, costs)
     _, costs = select.two_level_choice(((0, 1), (2, 3), (4, 5)), 16 << 20)
     assert costs["hierarchical_copy"] > costs["two_level"]
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 8])
+def test_the_cost_model_on_one_rank_per_host(count):
+    # H x 1: no host link is shared, so ring, rabenseifner (at powers of two), two_level and
+    # hierarchical_copy all carry the link floor 2(H-1)/H N beta_inter; recursive doubling and the
+    # trees carry more (N per step; 2N at a tree's inner ranks)
+    hosts = tuple((rank,) for rank in range(count))
+    assert select.describe_topology(hosts) == f"{count} hosts x 1 rank"
+    alpha_inter, beta_inter, nbytes = 12e-6, 1 / 62.5e6, 16 << 20
+    floor = 2 * (count - 1) / count * nbytes * beta_inter
+    candidates = [n for n in collectives.algorithm_names() if n != "shm"]
+    name, costs = select.two_level_choice(hosts, nbytes, alpha_inter=alpha_inter, beta_inter=beta_inter,
+                                          candidates=candidates)
+    at_floor = ["ring", "two_level", "hierarchical_copy"] + (["rabenseifner"] if count & (count - 1) == 0 else [])
+    for algorithm in at_floor:
+        assert floor <= costs[algorithm] <= floor * 1.02, (algorithm, costs[algorithm] / floor)
+    assert name in at_floor
+    for algorithm in ("tree", "double_binary_tree", "reduce_to_one"):
+        assert costs[algorithm] > floor * 1.2, (algorithm, costs[algorithm] / floor)
+    assert costs["recursive_doubling"] >= floor * (1.0 if count == 2 else 1.3)
+    # the default constants (a 10 Gbit/s link) price it 18x under a 500 Mbit/s link's floor: what
+    # auto across hosts fits first (collectives/network_fit.py)
+    default = select.two_level_choice(hosts, nbytes, candidates=candidates)
+    assert default[1][default[0]] < floor / 10

@@ -42,8 +42,8 @@ def calibration(tmp_path_factory, monkeypatch):
     measured = []
     real = autotune.measure
 
-    def counted(*args):
-        times = real(*args)
+    def counted(*args, **kwargs):
+        times = real(*args, **kwargs)
         measured.append(times)
         return times
     monkeypatch.setattr(autotune, "measure", counted)
@@ -68,7 +68,8 @@ def test_first_use_measures_once_every_rank_runs_the_pick_and_rank0_stores_it(ca
     y = collectives.allreduce(x, comm=WORLD)
     calibrates = WORLD.size > 1 and ONE_NODE
     agree(np.allclose(y, expected) and identical_everywhere(y), "wrong or differing result")
-    agree(len(measured) == (1 if calibrates else 0), f"measured {len(measured)} times")
+    # across hosts collectives/network_fit.py measures (tests/mpi/test_mpi_network_fit.py)
+    agree(len(measured) == (1 if WORLD.size > 1 else 0), f"measured {len(measured)} times")
     if not calibrates:
         return
     pair = picked(WORLD, x)
