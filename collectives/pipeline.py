@@ -109,15 +109,21 @@ class Bound:
     """A call bound for running: ``runner(source, out)`` runs the plan from ``source`` into ``out``
     (contiguous 1-D buffers, ``source is out`` in place), raising CollectiveError."""
 
-    __slots__ = ("comm", "runner", "what", "wire", "rounding")
+    __slots__ = ("comm", "runner", "what", "wire", "rounding", "shaped")
 
-    def __init__(self, comm, runner, what, wire=None, rounding=False):
+    def __init__(self, comm, runner, what, wire=None, rounding=False, shaped=False):
         self.comm, self.runner, self.what, self.wire, self.rounding = comm, runner, what, wire, rounding
+        # ``shaped``: the runner is a prepared program, which takes the caller's own contiguous
+        # arrays (any shape, overlap checked) and binds to them when a pair repeats: it must see
+        # the same array objects call after call, never fresh views of them
+        self.shaped = shaped
 
     def run(self, call):
         """Run on the call's buffers (any layout): the result, in ``recvbuf`` where one was given."""
         sendbuf, recvbuf, backend = call.sendbuf, call.recvbuf, call.backend
         in_place = recvbuf is sendbuf
+        if self.shaped:
+            return self._run_shaped(sendbuf, recvbuf, backend, in_place)
         out, result, copy_back = _work_buffer(sendbuf, recvbuf, backend, copy_in=self.wire is not None)
         source = out if in_place or self.wire is not None else backend.flat_contiguous(sendbuf)
         if call.residual is not None:
@@ -136,6 +142,26 @@ class Bound:
         if copy_back is not None:
             backend.copyto(copy_back, out.reshape(copy_back.shape))
         return result
+
+
+    def _run_shaped(self, sendbuf, recvbuf, backend, in_place):
+        source = sendbuf if backend.is_contiguous(sendbuf) else backend.flat_contiguous(sendbuf)
+        if recvbuf is None:
+            target = backend.empty(sendbuf.size, sendbuf.dtype)
+        else:
+            target = recvbuf if backend.is_contiguous(recvbuf) else backend.empty(sendbuf.size, sendbuf.dtype)
+            if in_place and target is recvbuf:
+                source = target
+        try:
+            self.runner(source, target)
+        except CollectiveError as exc:
+            failed(self.comm, self.what, exc)
+            raise
+        if recvbuf is None:
+            return target.reshape(sendbuf.shape)
+        if target is not recvbuf:
+            backend.copyto(recvbuf, target.reshape(recvbuf.shape))
+        return recvbuf
 
 
 def _work_buffer(sendbuf, recvbuf, backend, copy_in):
@@ -182,7 +208,7 @@ def _bind(comm, call):
     if choice.prepared:
         program = program_for(comm, plan, name, op, dtype, count, params, reduce_fn, final_fn, what)
         if program is not None:
-            return Bound(comm, program, what)
+            return Bound(comm, program, what, shaped=True)
     return Bound(comm, _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, shm, sig), what)
 
 
@@ -235,7 +261,16 @@ def run(ours, sendbuf, recvbuf, op, algorithm, options):
         # the short path: a call shape seen before, contiguous NumPy buffers
         if type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous:
             bound = session.shapes.get((algorithm, op, sendbuf.dtype, sendbuf.size, shape, recvbuf is sendbuf))
-            if bound is not None:
+            if bound is not None and bound.shaped:  # a prepared program takes the caller's arrays
+                source = sendbuf
+                if recvbuf is None:
+                    result = out = np.empty(sendbuf.shape, sendbuf.dtype)
+                elif recvbuf is sendbuf or (type(recvbuf) is np.ndarray and recvbuf.flags.c_contiguous
+                                            and recvbuf.shape == sendbuf.shape and recvbuf.dtype == sendbuf.dtype):
+                    result = out = recvbuf
+                else:
+                    result = None
+            elif bound is not None:
                 source = sendbuf.reshape(-1)
                 if recvbuf is None:
                     result = np.empty(sendbuf.shape, sendbuf.dtype)
@@ -248,15 +283,15 @@ def run(ours, sendbuf, recvbuf, op, algorithm, options):
                     result, out = recvbuf, recvbuf.reshape(-1)
                 else:
                     result = None
-                if result is not None:
-                    try:
-                        bound.runner(source, out)
-                    except CollectiveError as exc:
-                        failed(ours, bound.what, exc)
-                        raise
-                    if result is recvbuf:  # remember the buffers (held until the next call)
-                        session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, bound, source, out)
-                    return result
+            if bound is not None and result is not None:
+                try:
+                    bound.runner(source, out)
+                except CollectiveError as exc:
+                    failed(ours, bound.what, exc)
+                    raise
+                if result is recvbuf:  # remember the buffers (held until the next call)
+                    session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, bound, source, out)
+                return result
     return call(sendbuf, recvbuf, op, algorithm, ours, options, shape=shape)
 
 

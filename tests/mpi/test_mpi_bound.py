@@ -221,3 +221,33 @@ def test_bound_and_shared_memory_reductions_store_their_bulk_aligned(comm, monke
         and np.array_equal(w, expected)
     ok &= transport == "shm" or bound
     agree(ok, f"reductions {outs}, bound {bound}, same bytes {np.array_equal(w, expected)}")
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+def test_calls_alternating_between_two_shapes_each_run_bound(comm, monkeypatch, in_place):
+    """A training step's buckets: two buffer pairs of different sizes, called in turn. Each call
+    takes the session's short path (the last call was the other pair), and each size's program
+    still binds to its own caller's arrays (it must see the same arrays, not fresh views)."""
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
+    pairs = []
+    for count in (64, COUNTS[0]):  # a small-message program and a bound mid-size one
+        x = data(count, seed=count)
+        pairs.append((x, x.copy() if in_place else np.empty_like(x), x))
+    for _ in range(4):
+        for send, recv, x in pairs:
+            if in_place:
+                recv[...] = x
+                collectives.allreduce(recv, recv, comm=comm, algorithm="ring")
+            else:
+                collectives.allreduce(send, recv, comm=comm, algorithm="ring")
+    ok, why = True, ""
+    programs = list(comm.session.programs.values())
+    for send, recv, x in pairs:
+        mine = [p for p in programs if p.bound is not None and p.bound[1] is recv]
+        if not mine or (mine[0].bound[0] is not (recv if in_place else send)):
+            ok, why = False, f"no program bound to the {x.size}-element pair"
+        expected = np.empty_like(x)
+        WORLD.Allreduce(x, expected, op=MPI.SUM)
+        if not np.allclose(recv, expected, rtol=1e-5, atol=1e-5) or not bitwise_alike(WORLD, recv):
+            ok, why = False, f"{x.size} elements: wrong or differing result"
+    agree(ok, why)
