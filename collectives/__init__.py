@@ -16,7 +16,7 @@ from .blocks_api import allgather, broadcast, reduce, reduce_scatter
 from .bucket import Bucketer
 from .nonblocking import AllreduceRequest, iallreduce, open_requests, waitall
 from .comm import Communicator, ThreadComm, run_threaded
-from .errors import CollectiveError, CollectiveTimeout, MismatchError, PeerAborted
+from .errors import CollectiveError, CollectiveTimeout, MismatchError, PeerAborted, RanksLost
 from .ops import DTYPES, OPS
 from .algorithms._options import Option
 from .plan import PlanError
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = ["allreduce", "iallreduce", "AllreduceRequest", "waitall", "open_requests", "Bucketer", "empty", "zeros", "algorithm_names", "algorithms", "algorithm_options", "reduce_scatter", "allgather", "broadcast",
            "reduce", "barrier", "run_threaded", "as_comm", "clear_caches", "library_memory", "Communicator", "ThreadComm",
-           "MPIComm", "CollectiveError", "CollectiveTimeout", "MismatchError", "PeerAborted", "OPS", "DTYPES",
+           "MPIComm", "CollectiveError", "CollectiveTimeout", "MismatchError", "PeerAborted", "RanksLost", "OPS", "DTYPES",
            "simulate", "register_algorithm", "unregister_algorithm", "verify", "PlanError", "Option"]
 
 

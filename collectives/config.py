@@ -64,9 +64,11 @@ def guard_enabled():
 
 
 def on_error():
-    """COLLECTIVES_ON_ERROR: ``raise``, or ``abort`` (the default, and any other value: a failure
-    path never stops on a malformed setting)."""
-    return "raise" if os.environ.get("COLLECTIVES_ON_ERROR", "").strip().lower() == "raise" else "abort"
+    """COLLECTIVES_ON_ERROR: ``raise``, ``shrink`` (survivors of lost ranks raise RanksLost with a
+    communicator of their own, collectives/comm/ulfm.py) or ``abort`` (the default, and any other
+    value: a failure path never stops on a malformed setting)."""
+    value = os.environ.get("COLLECTIVES_ON_ERROR", "").strip().lower()
+    return value if value in ("raise", "shrink") else "abort"
 
 
 TRANSPORTS = ("auto", "mpi", "shm")

@@ -19,10 +19,11 @@ from .base import Communicator, check_received
 MPI = mpilib.load()  # one ImportError naming both ways to an MPI library where none loads
 
 from .mpi_faults import _abort_unless_raise, _bounded_dup
+from . import ulfm as _ulfm
 # (_OVERSUBSCRIBED, _eager_limit and _pieces are read through this module by tune and the tests)
 from .mpi_steps import (_BYTE, _OVERSUBSCRIBED, _POLLS_PER_CHECK, _PROBE_AFTER,  # noqa: F401
                         _PreparedStep, _eager_limit, _live_steps, _pieces, _testall, _waitall,
-                        poll_step, timeout_error as _timeout)
+                        poll_step, process_failure, timeout_error as _timeout)
 from . import mpi_steps as _steps
 
 _cuda = None  # .cuda, imported when the first device buffer is seen
@@ -83,16 +84,26 @@ class MPIComm(Communicator):
 
     # point-to-point
     def isend(self, buf, dest, tag=0):
-        req = self.mpi_comm.Isend(_message(buf), dest, tag)
+        try:
+            req = self.mpi_comm.Isend(_message(buf), dest, tag)
+        except MPI.Exception as exc:
+            raise process_failure(exc, "send", [dest]) or exc from None
         return _Req(req, dest, buf.nbytes, False)
 
     def irecv(self, buf, source, tag=0):
-        req = self.mpi_comm.Irecv(_message(buf), source, tag)
+        try:
+            req = self.mpi_comm.Irecv(_message(buf), source, tag)
+        except MPI.Exception as exc:
+            raise process_failure(exc, "receive", [source]) or exc from None
         return _Req(req, source, buf.nbytes, True, tag)
 
     def foreign(self, peer, tag):
         status = MPI.Status()
-        if self.mpi_comm.Iprobe(peer, MPI.ANY_TAG, status) and status.Get_tag() // 8 != tag // 8:
+        try:
+            found = self.mpi_comm.Iprobe(peer, MPI.ANY_TAG, status)
+        except MPI.Exception as exc:  # a failed peer (ULFM) is no foreign call
+            raise process_failure(exc, "probing for a message of another call", [peer]) or exc from None
+        if found and status.Get_tag() // 8 != tag // 8:
             return status.Get_tag()
         return None
 
@@ -106,6 +117,9 @@ class MPIComm(Communicator):
             elif not MPI.Request.Testall(mpi_reqs, statuses):
                 self._poll(requests, mpi_reqs, statuses, limit, what)
         except MPI.Exception as exc:
+            failure = process_failure(exc, what, [r.peer for r in requests], statuses)
+            if failure is not None:
+                raise failure from None
             if exc.Get_error_class() == MPI.ERR_TRUNCATE:
                 peers = ", ".join(str(r.peer) for r in requests if r.is_recv)
                 raise MismatchError(f"{what}: a message from rank(s) {peers} is longer than expected "
@@ -130,12 +144,13 @@ class MPIComm(Communicator):
             return self._exchange_device(sends, recvs, tag, what)
         # host buffers: the short path (no wrappers, reused statuses, lazy error text)
         comm = self.mpi_comm
-        reqs = [comm.Irecv([buf, _BYTE], peer, tag + chan) for peer, buf, chan in recvs]
-        reqs += [comm.Isend([buf, _BYTE], peer, tag + chan) for peer, buf, chan in sends]
-        statuses = self._statuses.get(len(reqs))
-        if statuses is None:
-            statuses = self._statuses[len(reqs)] = [MPI.Status() for _ in reqs]
+        statuses = None
         try:
+            reqs = [comm.Irecv([buf, _BYTE], peer, tag + chan) for peer, buf, chan in recvs]
+            reqs += [comm.Isend([buf, _BYTE], peer, tag + chan) for peer, buf, chan in sends]
+            statuses = self._statuses.get(len(reqs))
+            if statuses is None:
+                statuses = self._statuses[len(reqs)] = [MPI.Status() for _ in reqs]
             if not _testall(reqs, statuses):
                 limit = config.timeout()
                 if not limit:
@@ -143,6 +158,9 @@ class MPIComm(Communicator):
                 else:
                     poll_step(reqs, statuses, recvs, sends, limit, what, self if self.signed else None, tag)
         except MPI.Exception as exc:
+            failure = process_failure(exc, what, [peer for peer, _, _ in list(recvs) + list(sends)], statuses or ())
+            if failure is not None:
+                raise failure from None
             if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
                 peers = ", ".join(str(peer) for peer, _, _ in recvs)
                 raise MismatchError(f"{what}: a message from rank(s) {peers} is longer than expected "
@@ -222,6 +240,9 @@ class MPIComm(Communicator):
                     raise _timeout(what, silent, limit)
                 os.sched_yield()  # at every deadline check: the peer may share this core
         except MPI.Exception as exc:
+            failure = process_failure(exc, what, [r.peer for r in requests], statuses)
+            if failure is not None:
+                raise failure from None
             truncated = exc.Get_error_class() == MPI.ERR_TRUNCATE or (
                 exc.Get_error_class() == MPI.ERR_IN_STATUS
                 and any(MPI.Get_error_class(s.Get_error()) == MPI.ERR_TRUNCATE for s in statuses))
@@ -233,7 +254,10 @@ class MPIComm(Communicator):
 
     def on_failure(self, exc):
         """Abort the whole job (MPI.Abort) so that no rank waits forever or reports success;
-        COLLECTIVES_ON_ERROR=raise leaves the error to the caller instead."""
+        COLLECTIVES_ON_ERROR=raise leaves the error to the caller instead; under
+        COLLECTIVES_ON_ERROR=shrink a lost rank makes the survivors raise RanksLost (ulfm.py)."""
+        if config.on_error() == "shrink" and self.size > 1:
+            _ulfm.recover(self, exc)  # raises RanksLost, or ends the job (bounded)
         _abort_unless_raise(self.mpi_comm, exc)
 
     def split(self, color, key=0):

@@ -11,19 +11,23 @@ _BYTE = MPI.BYTE
 
 
 def _abort_unless_raise(mpi_comm, exc):
-    size = mpi_comm.Get_size()
-    if size > 1 and config.on_error() != "raise":
-        import sys
+    if mpi_comm.Get_size() > 1 and config.on_error() == "abort":
+        abort_job(mpi_comm, exc, "COLLECTIVES_ON_ERROR=raise to handle errors instead")
 
-        sys.stderr.write(f"collectives: rank {mpi_comm.Get_rank()} of {size}: {type(exc).__name__}: {exc}\n"
-                         f"collectives: aborting the MPI job (COLLECTIVES_ON_ERROR=raise to handle "
-                         f"errors instead)\n")
-        sys.stderr.flush()
-        # the launcher forwards a rank's output asynchronously and drops what is in flight when
-        # the abort kills the job: a moment for these lines to get out first
-        time.sleep(0.2)
-        _exit_if_abort_hangs()
-        mpi_comm.Abort(1)
+
+def abort_job(mpi_comm, exc, why):
+    """Print the error and ``why`` on stderr and end the job with MPI_Abort (bounded)."""
+    import sys
+
+    sys.stderr.write(f"collectives: rank {mpi_comm.Get_rank()} of {mpi_comm.Get_size()}: "
+                     f"{type(exc).__name__}: {exc}\n"
+                     f"collectives: aborting the MPI job ({why})\n")
+    sys.stderr.flush()
+    # the launcher forwards a rank's output asynchronously and drops what is in flight when
+    # the abort kills the job: a moment for these lines to get out first
+    time.sleep(0.2)
+    _exit_if_abort_hangs()
+    mpi_comm.Abort(1)
 
 
 ABORT_GRACE = 10  # seconds MPI_Abort gets to end this process before the kernel does

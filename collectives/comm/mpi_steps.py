@@ -10,7 +10,7 @@ import time
 import weakref
 
 from .. import config, mpilib
-from ..errors import CollectiveTimeout, MismatchError
+from ..errors import CollectiveTimeout, MismatchError, ProcessFailed
 from .base import check_received, foreign_message
 
 MPI = mpilib.load()
@@ -79,6 +79,37 @@ def timeout_error(what, silent, limit):
     """The error for a wait that ran out: names the call and the ranks not heard from."""
     return CollectiveTimeout(f"{what}: no message from rank{'s' if len(silent) > 1 else ''} "
                              f"{', '.join(map(str, silent))} after {limit:g} s")
+
+
+# ULFM's error classes (Open MPI built with fault tolerance); where mpi4py's MPI lacks them it
+# maps them to MPI_ERR_UNKNOWN, which never means a failed process
+_FAILURE_CLASSES = {getattr(MPI, name, None): name for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
+                                                              "ERR_REVOKED")}
+_FAILURE_CLASSES = {cls: name for cls, name in _FAILURE_CLASSES.items()
+                    if cls is not None and cls != MPI.ERR_UNKNOWN}
+
+
+def process_failure(exc, what, peers, statuses=()):
+    """The ProcessFailed for an MPI error that says a process failed or the communicator was
+    revoked (directly, or in the statuses of MPI_ERR_IN_STATUS), else None. ``peers``: the peers
+    of the requests, in order (those whose status names the failure are named where known)."""
+    if not _FAILURE_CLASSES or not isinstance(exc, MPI.Exception):
+        return None
+    cls = exc.Get_error_class()
+    named = []
+    if cls == MPI.ERR_IN_STATUS:
+        for peer, status in zip(peers, statuses):
+            code = status.Get_error() if status is not None else MPI.SUCCESS
+            if code != MPI.SUCCESS and MPI.Get_error_class(code) in _FAILURE_CLASSES:
+                cls = MPI.Get_error_class(code)
+                named.append(peer)
+    if cls not in _FAILURE_CLASSES:
+        return None
+    who = sorted(set(named)) or sorted(set(peers))
+    revoked = _FAILURE_CLASSES[cls] == "ERR_REVOKED"
+    return ProcessFailed(f"{what}: {'the communicator was revoked (another rank found a failed process)' if revoked else 'a process failed'}"
+                         f" (MPI_{_FAILURE_CLASSES[cls]}; this step waited on rank{'s' if len(who) > 1 else ''} "
+                         f"{', '.join(map(str, who))})")
 
 
 def poll_step(reqs, statuses, recvs, sends, limit, what, prober=None, tag=0):
@@ -208,9 +239,15 @@ class _PreparedStep:
         (the old ones are freed: MPI lets whatever is in flight finish, then drops them)."""
         self.free()
         if not MPI.Is_finalized():
-            self.requests = self._make(self.recvs, self.sends)
+            try:
+                self.requests = self._make(self.recvs, self.sends)
+            except MPI.Exception:  # a revoked communicator (ULFM): marked failed, never run again
+                self.requests = []
 
     def _raise(self, exc):
+        failure = process_failure(exc, self.what, [peer for peer, _, _ in self.recvs + self.sends], self.statuses)
+        if failure is not None:
+            raise failure from None
         if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
             peers = ", ".join(str(peer) for peer in dict.fromkeys(peer for peer, _, _ in self.recvs))
             raise MismatchError(f"{self.what}: a message from rank(s) {peers} is longer than expected "
