@@ -18,7 +18,10 @@ fair links; the default ``fair`` uses the run's fitted burst, or fits it from a 
 ping-pong). On fair links each call is predicted as the calibration measures it, one of a run of
 calls back to back (``Topology(..., back_to_back=True)``: a link starts a call with the tokens
 the call before left it); ``--calls single`` predicts a call that finds every link idle.
-``--plot``: time over the link floor against size, one panel per shape.
+``--autotune HxK=FILE``: auto's first-use picks across hosts stored in a run's calibration file
+(COLLECTIVES_AUTOTUNE_FILE): per bucket the pick, the fitted link, each finalist's measured and
+predicted time, and what the first call cost. ``--plot``: time over the link floor against size,
+one panel per shape.
 """
 import argparse
 import json
@@ -147,6 +150,43 @@ def calibrate_table(shapes, lo=1 << 20, again=False, inter_alpha=None, sharing="
                 worst = ratio if abs(ratio - 1) > abs(worst - 1) else worst
                 cells.append(f"{r['measured'] * 1e3:.1f} / {r['predicted'] * 1e3:.1f} ({ratio:.2f})")
             out.append(f"| {name} | " + " | ".join(cells) + f" | {worst:.2f} |")
+        cells = []
+        for s in sizes:  # the simulator's best against the network's: what a choice made on it would cost
+            mine = [r for r in data["rows"] if r["size"] == s]
+            guess = min(mine, key=lambda r: r["predicted"])
+            best = min(mine, key=lambda r: r["measured"])
+            cells.append(f"{guess['algorithm']} / {best['algorithm']} ({guess['measured'] / best['measured']:.2f})")
+        out.append("| predicted best / measured best (its time over the best's) | " + " | ".join(cells) + " | |")
+    return "\n".join(out)
+
+
+def first_use_table(shapes):
+    """auto's first-use picks across hosts from each run's calibration file (``--autotune
+    HxK=FILE``, the run's COLLECTIVES_AUTOTUNE_FILE): per bucket the pick, the fitted link, each
+    finalist's measured / predicted time and what the first call cost."""
+    out = ["| hosts x ranks | bucket | in place | pick | link fitted | finalists: measured / predicted (ms) | "
+           "pick predicted / measured | first call (s) |", "|---|---:|---|---|---|---|---:|---:|"]
+    from collectives.network_fit import candidates
+
+    for hosts, per_host, path in shapes:
+        entries = json.load(open(path))["entries"]
+        counts = per_host if isinstance(per_host, tuple) else (per_host,) * hosts
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        layout = tuple(tuple(range(a, a + c)) for a, c in zip(starts, counts))
+        per_host = ",".join(map(str, per_host)) if isinstance(per_host, tuple) else per_host
+        for key, e in sorted(entries.items(), key=lambda kv: (kv[1].get("bytes", 0), kv[0])):
+            if not key.startswith("hosts|"):
+                continue
+            pick = e["algorithm"]
+            # priced again from the stored fit at the bytes measured (at most autotune's 32 MiB of the call's)
+            predicted = candidates(layout, e.get("measured_bytes", min(e["bytes"], 32 << 20)), e["alpha_inter_us"] * 1e-6,
+                                   e["beta_inter_ns"] * 1e-9)[1]
+            e["predicted_us"] = {n: predicted[n] * 1e6 for n in e["times_us"]}
+            finalists = ", ".join(f"{n} {t / 1e3:.1f} / {e['predicted_us'][n] / 1e3:.1f}" for n, t in e["times_us"].items())
+            out.append(f"| {hosts} x {per_host} | {key.split('|')[-2] and int(key.split('|')[-2]) >> 20} MiB | "
+                       f"{'yes' if key.endswith('in_place') else 'no'} | {pick} | {e['alpha_inter_us']:.1f} us, "
+                       f"{1e3 / e['beta_inter_ns']:.1f} MB/s | {finalists} | "
+                       f"{e['predicted_us'][pick] / e['times_us'][pick]:.2f} | {e['first_call_s']:.2f} |")
     return "\n".join(out)
 
 
@@ -192,6 +232,8 @@ def main(argv=None):
     p.add_argument("--calls", choices=("back-to-back", "single"), default="back-to-back",
                    help="with --predict on fair links: each call one of a run back to back, as the "
                         "calibration measures (default), or one that finds every link idle")
+    p.add_argument("--autotune", action="append", default=[], type=_shape,
+                   help="HxK=FILE: auto's first-use picks across hosts, the run's COLLECTIVES_AUTOTUNE_FILE")
     p.add_argument("--plot")
     args = p.parse_args(argv)
     rate = rate_bytes(args.rate)
@@ -204,6 +246,8 @@ def main(argv=None):
         alpha = None if args.inter_alpha is None else args.inter_alpha * 1e-6
         print(calibrate_table(args.calibrate, again=args.predict, inter_alpha=alpha, sharing=args.sharing,
                               back_to_back=args.calls == "back-to-back"))
+    if args.autotune:
+        print(first_use_table(args.autotune))
     if args.plot and shapes:
         plot(shapes, args.plot, args.rate)
     return 0

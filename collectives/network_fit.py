@@ -174,7 +174,9 @@ def pick(comm, hosts, sendbuf, recvbuf, allreduce, barrier):
         found = _algorithms.names()[int(code[0]) - 1]
         why = f"calibrated on first use across hosts, {describe_topology(hosts)}, {network} (stored in {where})"
     else:
-        finalists, predicted = candidates(hosts, nbytes, alpha_inter, beta_inter)
+        # priced at the bytes measured (autotune.measure: at most MEASURE_MAX_BYTES of the call's)
+        measured_bytes = min(sendbuf.size, max(1, autotune.MEASURE_MAX_BYTES // sendbuf.itemsize)) * sendbuf.itemsize
+        finalists, predicted = candidates(hosts, measured_bytes, alpha_inter, beta_inter)
         times = autotune.measure(comm, sendbuf, recvbuf, [(n, "auto") for n in finalists], allreduce, barrier,
                                  how=_measure_finalists)[0]
         found = autotune.fastest(times)[0]
@@ -184,7 +186,8 @@ def pick(comm, hosts, sendbuf, recvbuf, allreduce, barrier):
                f"first call {took:.2f} s")
         if comm.rank == 0:
             autotune._store(where, name, {
-                "algorithm": found, "transport": "auto", "bytes": nbytes, "alpha_inter_us": round(alpha_inter * 1e6, 3),
+                "algorithm": found, "transport": "auto", "bytes": nbytes, "measured_bytes": measured_bytes,
+                "alpha_inter_us": round(alpha_inter * 1e6, 3),
                 "beta_inter_ns": round(beta_inter * 1e9, 5), "network": network,
                 "predicted_us": {n: round(predicted[n] * 1e6, 1) for n in finalists},
                 "times_us": {n: round(s * 1e6, 1) for (n, _), s in times.items()},
