@@ -120,14 +120,16 @@ class Bound:
 
     def run(self, call):
         """Run on the call's buffers (any layout): the result, in ``recvbuf`` where one was given."""
-        sendbuf, recvbuf, backend = call.sendbuf, call.recvbuf, call.backend
+        return self.run_on(call.sendbuf, call.recvbuf, call.backend, call.residual)
+
+    def run_on(self, sendbuf, recvbuf, backend=NUMPY, residual=None):
         in_place = recvbuf is sendbuf
         if self.shaped:
             return self._run_shaped(sendbuf, recvbuf, backend, in_place)
         out, result, copy_back = _work_buffer(sendbuf, recvbuf, backend, copy_in=self.wire is not None)
         source = out if in_place or self.wire is not None else backend.flat_contiguous(sendbuf)
-        if call.residual is not None:
-            flat_residual = call.residual.reshape(-1)
+        if residual is not None:
+            flat_residual = residual.reshape(-1)
             out += flat_residual  # the input plus what earlier calls dropped ...
             flat_residual[...] = out
             self.wire.round(out)
@@ -219,6 +221,10 @@ def _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, shm, sig):
 
 
 # the whole path ----------------------------------------------------------------------------------
+_compression_env = config.is_set
+_no_overrides = config.no_overrides
+
+
 def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, compression=None,
               compression_scope="across_hosts", residual=None, **options):
     """Reduce ``sendbuf`` over every rank of ``comm`` with ``op``; every rank gets the result.
@@ -234,16 +240,11 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
     if compression is not None or residual is not None or compression_scope != "across_hosts" \
             or _compression_env("COLLECTIVES_COMPRESSION"):
         return call(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual)
-    return run(resolve(comm), sendbuf, recvbuf, op, algorithm, options)
-
-
-_compression_env = config.is_set
-_no_overrides = config.no_overrides
-
-
-def run(ours, sendbuf, recvbuf, op, algorithm, options):
-    """An uncompressed all-reduce on our communicator ``ours``: the session's fast path where the
-    call repeats, else the whole path."""
+    if isinstance(comm, Communicator):
+        ours = comm
+    else:  # an mpi4py communicator or None: the resolution memo, else the wrapper's lookup
+        memo = _resolved
+        ours = memo[1] if memo[0] is comm and memo[1] is not None else resolve(comm)
     shape = options_key(options) if options else ()
     if shape is not None and _no_overrides():
         session = ours.session
@@ -251,11 +252,10 @@ def run(ours, sendbuf, recvbuf, op, algorithm, options):
         # the shortest path: the same buffers as the previous call
         if last is not None and sendbuf is last[0] and recvbuf is last[1] and algorithm == last[2] \
                 and op == last[3] and shape == last[4] and sendbuf.dtype is last[5]:
-            bound = last[6]
             try:
-                bound.runner(last[7], last[8])
+                last[6](last[7], last[8])
             except CollectiveError as exc:
-                failed(ours, bound.what, exc)
+                failed(ours, last[9], exc)
                 raise
             return recvbuf
         # the short path: a call shape seen before, contiguous NumPy buffers
@@ -290,7 +290,8 @@ def run(ours, sendbuf, recvbuf, op, algorithm, options):
                     failed(ours, bound.what, exc)
                     raise
                 if result is recvbuf:  # remember the buffers (held until the next call)
-                    session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, bound, source, out)
+                    session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, bound.runner, source, out,
+                                    bound.what)
                 return result
     return call(sendbuf, recvbuf, op, algorithm, ours, options, shape=shape)
 
@@ -312,9 +313,15 @@ def call(sendbuf, recvbuf, op, algorithm, comm, options, compression=None, scope
 
 
 def _measured_call(sendbuf, recvbuf, *, op="sum", algorithm, comm, transport="auto"):
-    """What first-use calibration times: a call as the caller's repeated calls run it (``run``),
-    not through the public function."""
-    return run(resolve(comm), sendbuf, recvbuf, op, algorithm, {"transport": transport})
+    """What first-use calibration times, never the public function: the first call of a pair
+    takes the whole path, and later ones run its Bound on the buffers (what a repeated call
+    runs, less the fast path's lookups, which every pair pays alike)."""
+    ours = resolve(comm)
+    shape = (("transport", transport),)
+    bound = ours.session.shapes.get((algorithm, op, sendbuf.dtype, sendbuf.size, shape, recvbuf is sendbuf))
+    if bound is None or config.check_enabled():
+        return call(sendbuf, recvbuf, op, algorithm, ours, {"transport": transport}, shape=shape)
+    return bound.run_on(sendbuf, recvbuf)
 
 
 def options_key(options):
