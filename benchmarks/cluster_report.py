@@ -65,6 +65,7 @@ def sweep_table(shapes, rate):
            "auto / floor | best / floor | auto / native | auto / best |",
            "|---|---|---:|---:|---|---|---:|---:|---:|---:|"]
     for hosts, per_host, rows in shapes:
+        per_host = ",".join(map(str, per_host)) if isinstance(per_host, tuple) else per_host
         for row in rows:
             name, best = best_of(row)
             auto = row.get("auto")

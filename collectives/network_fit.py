@@ -40,6 +40,8 @@ from . import autotune
 from .model import ALPHA, BETA, GAMMA
 from .ranking import describe_topology, two_level_choice
 
+# the ping-pong: 8 B for alpha; beta from 1 MiB on, where a shaped link's burst is a small part
+# (docs/performance.md#auto-across-hosts); the least of a few round trips, as calibrate.py fits
 FIT_SMALL = 8
 FIT_LARGE = (1 << 20, 4 << 20)
 FIT_SMALL_REPS = 10
@@ -50,9 +52,11 @@ FIT_SLOW_SECONDS = 0.25
 # flat algorithms on one rank per host at the same bandwidth term, which the network does not
 # (docs/performance.md#auto-across-hosts)
 MODEL_TIE = 0.10
+# two at least, so the model alone never decides; four at most (with ROUNDS, the first call of a
+# bucket lasts about 16 of its calls: docs/performance.md#auto-across-hosts)
 MIN_FINALISTS = 2
 MAX_FINALISTS = 4
-ROUNDS = 3
+ROUNDS = 3  # a median of three: one disturbed batch never decides
 SESSION_FIT = "network-fit"  # comm.session.picks key of the communicator's fitted link
 
 
