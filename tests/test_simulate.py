@@ -5,6 +5,7 @@ import pytest
 
 import collectives
 from collectives import simulate as sim
+from collectives.tools import simulate_cli
 from collectives.plan import REDUCE, PlanError, Step
 
 ALGORITHMS = collectives.algorithm_names()
@@ -250,7 +251,7 @@ def test_bad_arguments():
 
 def test_cli_table_plot_and_timeline(tmp_path, capsys):
     plot, timeline = tmp_path / "t.png", tmp_path / "s.png"
-    code = sim.main(["-a", "ring,tree,rabenseifner", "-p", "12", "-b", "8", "-e", "4K", "-f", "8",
+    code = simulate_cli.main(["-a", "ring,tree,rabenseifner", "-p", "12", "-b", "8", "-e", "4K", "-f", "8",
                      "--plot", str(plot), "--timeline", str(timeline)])
     out = capsys.readouterr().out
     assert code == 0
@@ -259,7 +260,7 @@ def test_cli_table_plot_and_timeline(tmp_path, capsys):
 
 
 def test_topology_cli(capsys):
-    assert sim.main(["-a", "hierarchical_copy", "--topology", "nodes=4x4,intra=1e-6:1e-10,inter=1e-5:1e-9",
+    assert simulate_cli.main(["-a", "hierarchical_copy", "--topology", "nodes=4x4,intra=1e-6:1e-10,inter=1e-5:1e-9",
                      "-b", "1K", "-e", "1K"]) == 0
     assert "16 ranks" in capsys.readouterr().out
 

@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"no emulated cluste
 RESULT = re.compile(r"rank (\d+): final loss [\d.]+, weights identical on all ranks: (True|False), "
                     r"collectives calls: (\d+), weights sha256 ([0-9a-f]{16})")
 ADDRESSES = re.compile(r"ADDRESSES rank (\d+) host (cl[0-9a-f]+h(\d+)): \[([^\]]*)\]")
-ERROR = re.compile(r"REACH-ERROR rank (\d+) after ([\d.]+) s: (\w+): (.*)")
+# ranks' lines can run together in mpiexec's output: a message ends where the next report begins
+ERROR = re.compile(r"REACH-ERROR rank (\d+) after ([\d.]+) s: (\w+): (.*?)(?=REACH-|ADDRESSES |$)", re.M)
 ENV = {"COLLECTIVES_TF_ADDRESS": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
