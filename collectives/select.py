@@ -18,7 +18,7 @@ from .plan import ranks_by_group
 # host between hosts (beta_inter is per byte of one host's link, which the host's ranks share)
 from .model import (ALPHA, ALPHA_INTER, ALPHA_NODE_STEP, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA,  # noqa: E402,F401
                     BETA_INTER, GAMMA)
-from .ranking import (_cheapest, cost_choice, describe_topology, shm_cost_choice,  # noqa: E402,F401 - select's names too
+from .ranking import (cost_choice, describe_topology, shm_cost_choice,  # noqa: E402,F401 - select's names too
                       two_level_choice)
 from . import autotune  # noqa: E402
 
