@@ -1,10 +1,13 @@
 """Data and references shared by the threaded and MPI tests."""
 import functools
 import os
+import subprocess
 
 import numpy as np
+import pytest
 
 import collectives
+from collectives import cleanup
 from collectives.ops import DTYPES, is_floating
 
 UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
@@ -107,3 +110,26 @@ def reduction_spy(monkeypatch, api):
     monkeypatch.setattr(pipeline, "ufuncs", spied)
     collectives.clear_caches()  # no memo holds the unspied ufunc
     return outs
+
+
+JOB_VARIABLE = "COLLECTIVES_TEST_JOB"  # tags a test's MPI job, so that its processes can be found and ended
+
+
+def run_job(cmd, env, job, hard_timeout, what):
+    """Run the MPI job ``cmd`` (its environment ``env`` gains JOB_VARIABLE=``job``) under a hard
+    timeout: (exit code, output). A job past the timeout fails the test; whatever happens, the
+    job's processes are ended and what it left in /dev/shm and /tmp is removed."""
+    env = dict(env, **{JOB_VARIABLE: job})
+    before = set(cleanup.candidates())
+    proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=hard_timeout)
+    except subprocess.TimeoutExpired:
+        cleanup.end_tagged(JOB_VARIABLE, job, grace=0)
+        out, _ = proc.communicate()
+        pytest.fail(f"{what} hung: killed after {hard_timeout} s\n{out}")
+    finally:
+        cleanup.end_tagged(JOB_VARIABLE, job)
+        cleanup.remove_stale(set(cleanup.candidates()) - before, settle=3.0)
+    return proc.returncode, out

@@ -3,19 +3,17 @@
 pytest layer, like tests/test_faults_mpi.py)."""
 import itertools
 import os
-import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
 
-from collectives import cleanup
+from tests.helpers import run_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 HARD_TIMEOUT = 90
-JOB_VARIABLE = "COLLECTIVES_TEST_JOB"
 _jobs = itertools.count()
 
 pytestmark = [pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec next to {sys.executable}"),
@@ -36,22 +34,11 @@ import collectives
 def launch(body, env=None):
     script = textwrap.dedent(HEAD) + textwrap.dedent(body)
     job = f"{os.getpid()}-exit-{next(_jobs)}"
-    full_env = dict(os.environ, COLLECTIVES_TIMEOUT="2", PYTHONUNBUFFERED="1", **{JOB_VARIABLE: job}, **(env or {}))
+    full_env = dict(os.environ, COLLECTIVES_TIMEOUT="2", PYTHONUNBUFFERED="1", **(env or {}))
     full_env.pop("COLLECTIVES_CHECK", None)
-    before = set(cleanup.candidates())
     start = time.monotonic()
-    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-c", script], cwd=ROOT, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=HARD_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        cleanup.end_tagged(JOB_VARIABLE, job, grace=0)
-        out, _ = proc.communicate()
-        pytest.fail(f"the job hung: killed after {HARD_TIMEOUT} s\n{out}")
-    finally:
-        cleanup.end_tagged(JOB_VARIABLE, job)
-        cleanup.remove_stale(set(cleanup.candidates()) - before, settle=3.0)
-    return proc.returncode, out, time.monotonic() - start
+    code, out = run_job([MPIEXEC, "-n", "2", sys.executable, "-c", script], full_env, job, HARD_TIMEOUT, "the job")
+    return code, out, time.monotonic() - start
 
 
 def test_open_requests_are_finished_before_mpi_is_finalized():

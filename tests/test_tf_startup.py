@@ -6,19 +6,17 @@ hard timeout; the address rules are also tested directly (tf_bridge._addresses).
 import itertools
 import os
 import re
-import subprocess
 import sys
 import time
 
 import pytest
 
-from collectives import cleanup
+from tests.helpers import run_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "tests", "faults", "tf_startup.py")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 HARD_TIMEOUT = 240  # seconds: two ranks importing TensorFlow on a loaded machine, then the case
-JOB_VARIABLE = "COLLECTIVES_TEST_JOB"
 _jobs = itertools.count()
 pytest.importorskip("tensorflow", reason="TensorFlow not installed (pip install -e .[tf])")
 from tf_bridge import _addresses  # noqa: E402
@@ -30,23 +28,12 @@ pytestmark = pytest.mark.timeout(HARD_TIMEOUT + 60)
 def launch(case, env):
     """(exit code, output, time.time() at the end) of the job; what it left is removed."""
     job = f"{os.getpid()}-tf-{next(_jobs)}"
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", **{JOB_VARIABLE: job})
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
     for key in ("COLLECTIVES_ON_ERROR", _addresses.ENV, "TF_CONFIG"):
         full_env.pop(key, None)
     full_env.update(env)
-    before = set(cleanup.candidates())
-    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, JOB, case], cwd=ROOT, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=HARD_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        cleanup.end_tagged(JOB_VARIABLE, job, grace=0)
-        out, _ = proc.communicate()
-        pytest.fail(f"{case} hung: killed after {HARD_TIMEOUT} s\n{out}")
-    finally:
-        cleanup.end_tagged(JOB_VARIABLE, job)
-        cleanup.remove_stale(set(cleanup.candidates()) - before, settle=3.0)
-    return proc.returncode, out, time.time()
+    code, out = run_job([MPIEXEC, "-n", "2", sys.executable, JOB, case], full_env, job, HARD_TIMEOUT, case)
+    return code, out, time.time()
 
 
 @needs_mpiexec
