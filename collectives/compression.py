@@ -40,6 +40,7 @@ import numpy as np
 
 from . import config
 from .comm.base import Communicator
+from .model import wire_ratio
 
 FORMATS = ("bf16", "fp16")
 SCOPES = ("across_hosts", "all")
@@ -115,11 +116,6 @@ def env_default():
     if raw not in FORMATS:
         raise ValueError(f"COLLECTIVES_COMPRESSION must be one of {', '.join(FORMATS)} or none, got {raw!r}")
     return raw
-
-
-def wire_ratio(compression, itemsize):
-    """Bytes on the wire per byte of data."""
-    return 1.0 if compression is None else 2.0 / itemsize
 
 
 # ---------------------------------------------------------------------------------- transport

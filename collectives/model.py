@@ -25,3 +25,8 @@ ALPHA_SHM_MESSAGE = 2e-6
 # with no tuning table (docs/performance.md#cost-model-constants).
 # auto's cost model within a node over MPI uses it as alpha.
 ALPHA_NODE_STEP = 30e-6
+
+
+def wire_ratio(compression, itemsize):
+    """Bytes on the wire per byte of data: a compressed call (bf16, fp16) sends 2 bytes a value."""
+    return 1.0 if compression is None else 2.0 / itemsize

@@ -17,10 +17,10 @@ from .plan import ranks_by_group
 # the model's defaults (collectives/model.py): shared memory inside a node, a 10 Gbit/s link per
 # host between hosts (beta_inter is per byte of one host's link, which the host's ranks share)
 from .model import (ALPHA, ALPHA_INTER, ALPHA_NODE_STEP, ALPHA_SHM_MESSAGE, ALPHA_SHM_STEP, BETA,  # noqa: E402,F401
-                    BETA_INTER, GAMMA)
+                    BETA_INTER, GAMMA, wire_ratio)
 from .ranking import (cost_choice, describe_topology, shm_cost_choice,  # noqa: E402,F401 - select's names too
                       two_level_choice)
-from . import autotune  # noqa: E402
+from . import autotune, network_fit, tuning  # noqa: E402
 
 _log = logging.getLogger("collectives")
 _choices = {}
@@ -158,8 +158,6 @@ def _decide(size, nbytes, dtype, mpi, hosts, over_shm=False):
     key = (size, nbytes, dtype, mpi, hosts, over_shm)
     hit = _choices.get(key)
     if hit is None:
-        from . import tuning
-
         library = None
         if key[3]:  # under MPI the table must have been measured under this library
             from .mpilib import describe
@@ -288,8 +286,6 @@ def calibrate(comm, sendbuf, recvbuf, measured_call):
     the pipeline's own call path, which the measurement times."""
     hosts = topology(comm)
     if len(hosts) > 1:
-        from . import network_fit
-
         return network_fit.pick(comm, hosts, sendbuf, recvbuf, measured_call, _barrier)
     from .comm import shm as _shm  # imports mpi4py: calibration runs under MPI only
     from .comm.shm_arrays import is_shared
@@ -307,7 +303,6 @@ def choose_compressed(comm, nbytes, dtype, fmt, scope, algorithm):
     (the tuning table measured uncompressed messages, so it is not asked); kept in the session."""
     if algorithm != "auto" or config.forced_algorithm() is not None:
         return pair_for(algorithm, comm, nbytes, dtype)[0]
-    from .compression import wire_ratio
 
     hosts = topology(comm) if comm.size > 1 else (tuple(range(comm.size)),)
     key = (comm.size, nbytes, dtype, hosts, fmt, scope)
