@@ -10,9 +10,10 @@ from . import config
 from .backend import NUMPY
 from .comm import base as _comm_base
 from .comm.base import Communicator
+from .comm.shm_call import ShmRoute
 from .check import agree
 from .errors import CollectiveError
-from .executor import BoundProgram, Program, execute
+from .executor import BoundProgram, Program, run
 from .ops import check_op_dtype
 from .plan import NCHANNELS
 
@@ -86,26 +87,22 @@ def as_array(buf, name):
     return np.asarray(buf)
 
 
-def run_plan(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, shm=None, signature=None):
+def run_plan(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, transport=None, signature=None):
     """``execute_plan``, a CollectiveError marking ``comm`` failed (``failed``)."""
     try:
-        execute_plan(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, shm, signature)
+        execute_plan(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, transport, signature)
     except CollectiveError as exc:
         failed(comm, what, exc)
         raise
 
 
-def execute_plan(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, shm=None, signature=None):
-    """Run ``plan`` on contiguous 1-D buffers: through the shared-memory transport where ``shm``
-    is (the transport, every rank's plan of this call by rank), else the executor's step loop."""
+def execute_plan(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, what, transport=None, signature=None):
+    """Run ``plan`` on contiguous 1-D buffers in the step loop, its messages carried by
+    ``transport`` (a ``bind_call``: ``comm`` itself where None; a ShmRoute over shared memory)."""
     tmp = comm.session.scratch_buffer(backend, flat_out.dtype, plan.tmp_count)
-    if shm is not None:
-        transport, plans_of = shm
-        transport.run(plan, plans_of, flat_in, flat_out, tmp, reduce_fn, final_fn, what, signature,
-                      comm.call_tag(signature) * NCHANNELS)
-        return
+    tag = (comm.next_tag() if signature is None else comm.call_tag(signature)) * NCHANNELS
     sync = backend.synchronize if backend.is_device else None
-    execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync, signature)
+    run((transport or comm).bind_call(plan, (flat_in, flat_out, tmp), reduce_fn, final_fn, what, tag, sync=sync))
 
 
 # Messages up to PROGRAM_MAX_BYTES run as prepared programs where the transport has them (MPI);
@@ -130,8 +127,8 @@ def program_for(comm, plan, name, op, dtype, count, params, reduce_fn, final_fn,
     return comm.session.program((name, op, dtype, count, tuple(sorted(params.items()))), make)
 
 
-def shm_transport(comm, name, count, itemsize, params, module):
-    """(the communicator's shared-memory transport, every rank's plan of this call by rank)."""
+def shm_transport(comm, name, count, itemsize, params, module, sig):
+    """The route of this call shape over the communicator's shared-memory transport."""
     from .comm import shm as _shm
 
     size = comm.size
@@ -141,7 +138,7 @@ def shm_transport(comm, name, count, itemsize, params, module):
     def plans_of(rank):
         return session.plan(("allreduce", name, size, rank, count, itemsize, items),
                             lambda: module.build(rank, size, count, itemsize=itemsize, **params))
-    return _shm.for_comm(comm), plans_of
+    return ShmRoute(_shm.for_comm(comm), plans_of, sig)
 
 
 def _forget(comm):

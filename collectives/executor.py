@@ -1,5 +1,10 @@
-"""The executor: runs one rank's plan over a communicator, on NumPy or CuPy arrays, as
-``binding.bind`` binds it to the buffers (``execute`` on every call, a ``Program`` once)."""
+"""The executor: the one step loop (``run``) and what feeds it.
+
+A call's plan, bound to its buffers by the transport that carries it (``bind_call``: MPI
+point-to-point, the threaded world, shared memory within a node, a compressed wire), is a
+sequence of actions: each step's exchange (post and wait its messages) and its local
+operations. ``run`` calls them in order. ``execute`` binds a plan for one call; a ``Program``
+binds it once, the transport preparing its steps (MPI: persistent requests), and reruns it."""
 from functools import partial
 from weakref import ref as _weakref
 
@@ -26,36 +31,57 @@ class StepName:
         return format(str(self), spec)
 
 
-def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=None, signature=None):
-    """Run ``plan`` with ``inbuf``/``outbuf``/``tmpbuf`` bound to IN/OUT/TMP.
+# the step loop -----------------------------------------------------------------------------------
+def run(actions):
+    """The step loop: every call of every runner and transport ends here. ``actions`` are a call
+    bound by its transport (``bind_call``): zero-argument callables in the plan's order, each
+    step's exchange (the transport posts and waits its messages) and then its local operations."""
+    for action in actions:
+        action()
 
-    ``reduce_fn(a, b, out)`` is the op's ufunc; ``final_fn(region)`` runs where the
-    plan marks a region complete (``avg`` divides there) or is None. ``what`` names
-    the call in errors ("allreduce(ring)"). ``sync()``, where given (device
-    arrays), runs before each step's messages so that MPI never reads device
-    memory a kernel is still writing. ``signature`` (a string naming the call, algorithm, op,
-    dtype, count, root and options) picks the call's tags (``comm.call_tag``): ranks that
-    disagree on any of it never match each other's messages.
-    """
-    tag = (comm.next_tag() if signature is None else comm.call_tag(signature)) * NCHANNELS
+
+def actions(plan, buffers, reduce_fn, final_fn, what, step, sync=None):
+    """``plan`` bound to ``buffers`` (IN, OUT, TMP; IN is OUT: in place) as the step loop's actions,
+    made as the loop reaches each step: ``step(sends, recvs, name)``, the transport's callable that
+    posts and waits a step's messages (``name`` formats as "allreduce(ring) step 3/6" in errors),
+    then the step's operations as pre-sliced ufunc calls. ``reduce_fn(a, b, out)`` is the op's
+    ufunc; ``final_fn(region)`` runs where the plan marks a region complete (``avg`` divides there)
+    or is None. ``sync()``, where given (device arrays), runs before each step's messages and at
+    the end, so that MPI never reads device memory a kernel is still writing."""
     nsteps = len(plan.steps)
-    exchange = comm.exchange
-    for index, sends, recvs, ops in bind(plan, (inbuf, outbuf, tmpbuf), inbuf is outbuf, final_fn is not None):
+    keyword_out = reduce_fn in _KEYWORD_OUT
+    for index, sends, recvs, ops in bind(plan, buffers, buffers[0] is buffers[1], final_fn is not None):
         if sends or recvs:
             if sync is not None:
-                sync()
-            exchange(sends, recvs, tag, StepName(what, index, nsteps))
+                yield sync
+            yield step(sends, recvs, StepName(what, index, nsteps))
         for op in ops:
             kind = op[0]
             if kind == REDUCE:
                 for out, a, b in aligned_parts(op[1], op[2], op[3]):
-                    reduce_fn(a, b, out=out)
+                    if keyword_out:
+                        yield partial(reduce_fn, a, b, out=out)
+                    else:  # a positional out= is the cheaper call
+                        yield partial(reduce_fn, a, b, out)
             elif kind == COPY:
-                op[1][...] = op[2]
+                yield partial(np.copyto if op[1].__class__ is np.ndarray else _copy, op[1], op[2])
             else:  # FINAL (bound only where final_fn is given)
-                final_fn(op[1])
+                yield partial(final_fn, op[1])
     if sync is not None:
-        sync()
+        yield sync
+
+
+def _copy(dst, src):
+    dst[...] = src
+
+
+def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=None, signature=None):
+    """Run ``plan`` once on ``comm`` with ``inbuf``/``outbuf``/``tmpbuf`` bound to IN/OUT/TMP
+    (``actions`` has the arguments). ``signature`` (a string naming the call, algorithm, op,
+    dtype, count, root and options) picks the call's tags (``comm.call_tag``): ranks that
+    disagree on any of it never match each other's messages; None: ``comm.next_tag()``."""
+    tag = (comm.next_tag() if signature is None else comm.call_tag(signature)) * NCHANNELS
+    run(comm.bind_call(plan, (inbuf, outbuf, tmpbuf), reduce_fn, final_fn, what, tag, sync=sync))
 
 
 _KEYWORD_OUT = {np.maximum, np.minimum}  # NumPy deprecates a positional out= for these two
@@ -92,34 +118,15 @@ class Program:
         self.last = None  # the caller's buffers of the previous call
 
     def _bind(self, inbuf, outbuf):
-        nsteps = len(self.plan.steps)
-        reduce_fn, keyword_out = self.reduce_fn, self.reduce_fn in _KEYWORD_OUT
-        calls = []
-        steps = bind(self.plan, (inbuf, outbuf, self.tmp), inbuf is outbuf, self.final_fn is not None)
-        for index, sends, recvs, ops in steps:
-            if sends or recvs:
-                calls.append(self.comm.prepare(sends, recvs, self.tag, StepName(self.what, index, nsteps),
-                                               self.split))
-            for op in ops:
-                kind = op[0]
-                if kind == REDUCE:
-                    for out, a, b in aligned_parts(op[1], op[2], op[3]):
-                        if keyword_out:
-                            calls.append(partial(reduce_fn, a, b, out=out))
-                        else:  # a positional out= is the cheaper call
-                            calls.append(partial(reduce_fn, a, b, out))
-                elif kind == COPY:
-                    calls.append(partial(self.copyto, op[1], op[2]))
-                else:  # FINAL
-                    calls.append(partial(self.final_fn, op[1]))
-        return calls
+        """The plan on these buffers as the step loop's actions, the transport's steps prepared."""
+        return self.comm.bind_call(self.plan, (inbuf, outbuf, self.tmp), self.reduce_fn, self.final_fn, self.what,
+                                   self.tag, keep=True, split=self.split)
 
     def __call__(self, sendbuf, recvbuf):
         """Run on the caller's contiguous arrays (``recvbuf`` may be ``sendbuf``: in place)."""
         bound = self.bound
         if bound is not None and bound[0] is sendbuf and bound[1] is recvbuf:
-            for call in bound[2]:
-                call()
+            run(bound[2])
             return
         if not self._repeat(sendbuf, recvbuf):
             self._unbound(sendbuf, recvbuf)
@@ -128,15 +135,13 @@ class Program:
         """A call on buffers with no binding: through the work buffer, copies in and out."""
         work = self.work
         self.copyto(work, sendbuf.reshape(-1))
-        for call in self.calls:
-            call()
+        run(self.calls)
         self.copyto(recvbuf.reshape(-1), work)
 
     def _repeat(self, sendbuf, recvbuf):
         """The previous call's buffers again: bind to them and run (True); else remember them."""
         if self._was_last(sendbuf, recvbuf) and self._rebind(sendbuf, recvbuf):
-            for call in self.bound[2]:
-                call()
+            run(self.bound[2])
             return True
         self._remember(sendbuf, recvbuf)
         return False

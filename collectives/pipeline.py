@@ -8,8 +8,10 @@ and first-use calibration (``call``, which never re-enters the public function).
   valid choices.
 - **choose** (``select.choose``, the one selector): the algorithm, its options and the transport.
 - **plan**: the plan of the call's shape, from the store every session shares.
-- **bind** (``Bound``): the plan with its ufuncs, name and signature, and what runs it: a
-  transport's prepared program, the shared-memory transport, or the executor's step loop.
+- **bind** (``Bound``): the plan with its ufuncs, name and signature, and what runs it: the step
+  loop (``executor.run``) over the actions the chosen transport binds (``bind_call``: MPI
+  point-to-point, threads, shared memory within a node, a compressed wire), once per call or
+  once per call shape (a program: the transport prepares its steps).
 - **run**: ``Bound.run`` on the caller's buffers; a CollectiveError marks the communicator failed.
 
 The fast path is a cache the communicator's Session holds: ``session.shapes`` maps a repeated
@@ -204,19 +206,21 @@ def _bind(comm, call):
         return Bound(comm, _plan_runner(plan, wire, backend, reduce_fn, final_fn, what, None, sig), what,
                      wire, rounding)
     what = f"allreduce({name})"
-    shm = shm_transport(comm, name, count, dtype.itemsize, params, module) if choice.transport == "shm" else None
+    route = shm_transport(comm, name, count, dtype.itemsize, params, module, sig) if choice.transport == "shm" else None
     # a prepared program's tags differ from the plan's: none where another node's ranks may run
     # this call over shared memory (a rank alone on its host meets them through MPI)
     if choice.prepared:
         program = program_for(comm, plan, name, op, dtype, count, params, reduce_fn, final_fn, what)
         if program is not None:
             return Bound(comm, program, what, shaped=True)
-    return Bound(comm, _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, shm, sig), what)
+    return Bound(comm, _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, route, sig), what)
 
 
-def _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, shm, sig):
+def _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, route, sig):
+    """The Bound's runner: the plan in the step loop, its messages over ``route`` (a
+    transport's ``bind_call``: the communicator's own where None)."""
     def runner(source, out):
-        execute_plan(plan, comm, backend, source, out, reduce_fn, final_fn, what, shm, sig)
+        execute_plan(plan, comm, backend, source, out, reduce_fn, final_fn, what, route, sig)
     return runner
 
 
@@ -257,6 +261,7 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
             except CollectiveError as exc:
                 failed(ours, last[9], exc)
                 raise
+            next(session.calls)  # RanksLost.completed counts the caller's calls that returned
             return recvbuf
         # the short path: a call shape seen before, contiguous NumPy buffers
         if type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous:
@@ -292,14 +297,16 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
                 if result is recvbuf:  # remember the buffers (held until the next call)
                     session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, bound.runner, source, out,
                                     bound.what)
+                next(session.calls)
                 return result
     return call(sendbuf, recvbuf, op, algorithm, ours, options, shape=shape)
 
 
 def call(sendbuf, recvbuf, op, algorithm, comm, options, compression=None, scope="across_hosts", residual=None,
-         point_to_point=False, shape=None):
+         point_to_point=False, shape=None, counted=True):
     """One all-reduce along the whole path; ``shape``: the call's options as a hashable key, or
-    None (the Bound is then not kept for the fast path)."""
+    None (the Bound is then not kept for the fast path); ``counted``: a caller's call (not a
+    measurement), counted in the session's ``calls``."""
     request = Call(sendbuf, recvbuf, op, algorithm, options, compression, scope, residual, point_to_point)
     ours = usable(comm)
     bound = _bind(ours, request)
@@ -309,7 +316,10 @@ def call(sendbuf, recvbuf, op, algorithm, comm, options, compression=None, scope
         if len(shapes) > 1024:
             shapes.clear()
         shapes[(algorithm, op, request.dtype, request.sendbuf.size, shape, recvbuf is sendbuf)] = bound
-    return bound.run(request)
+    result = bound.run(request)
+    if counted:
+        next(ours.session.calls)
+    return result
 
 
 def _measured_call(sendbuf, recvbuf, *, op="sum", algorithm, comm, transport="auto"):
@@ -320,7 +330,7 @@ def _measured_call(sendbuf, recvbuf, *, op="sum", algorithm, comm, transport="au
     shape = (("transport", transport),)
     bound = ours.session.shapes.get((algorithm, op, sendbuf.dtype, sendbuf.size, shape, recvbuf is sendbuf))
     if bound is None or config.check_enabled():
-        return call(sendbuf, recvbuf, op, algorithm, ours, {"transport": transport}, shape=shape)
+        return call(sendbuf, recvbuf, op, algorithm, ours, {"transport": transport}, shape=shape, counted=False)
     return bound.run_on(sendbuf, recvbuf)
 
 

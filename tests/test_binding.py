@@ -77,10 +77,10 @@ def test_bind_refuses_an_unknown_operation():
 
 
 def test_the_runners_read_plans_only_through_the_binder():
-    # the shared-memory transport runs (shm.py) through shm_layout.Call, which binds the plan once
+    # the shared-memory transport runs (shm_call.py) through shm_layout.Call, which binds the plan once
     call = open(os.path.join(ROOT, "collectives/comm/shm_layout.py")).read().split("class Call", 1)[1]
     assert "layouts.binding(" in call and "copy_is_noop" not in call and ".local" not in call
-    for path, binds in (("collectives/executor.py", "bind("), ("collectives/comm/shm.py", "layouts.call("),
+    for path, binds in (("collectives/executor.py", "bind("), ("collectives/comm/shm_call.py", "layouts.call("),
                         ("tf_bridge/_tf_plan.py", "bind(")):
         source = open(os.path.join(ROOT, path)).read()
         assert "copy_is_noop" not in source and binds in source, path

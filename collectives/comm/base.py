@@ -7,7 +7,9 @@ arrays (NumPy, or CuPy where the transport accepts device memory); they travel
 as raw bytes, never pickled.
 """
 import zlib
+from functools import partial
 
+from .. import executor
 from ..errors import CollectiveError, MismatchError
 from ..plan import ranks_by_group
 from ..session import Session
@@ -144,6 +146,19 @@ class Communicator:
         reqs = [self.irecv(buf, peer, tag + chan) for peer, buf, chan in recvs]
         reqs += [self.isend(buf, peer, tag + chan) for peer, buf, chan in sends]
         self.waitall(reqs, what)
+
+    def bind_call(self, plan, buffers, reduce_fn, final_fn, what, tag, keep=False, split=True, sync=None):
+        """A call of ``plan`` on ``buffers`` (IN, OUT, TMP) as actions for the step loop
+        (``executor.run``; ``executor.actions`` has the arguments), its messages on tags ``tag``
+        to ``tag + 7``. ``keep``: the actions will run again and again (a program): a list, each
+        step prepared (``prepare``; ``split`` as there); else made as the loop reaches them, each
+        step one ``exchange``."""
+        if keep:
+            return list(executor.actions(plan, buffers, reduce_fn, final_fn, what,
+                                         lambda sends, recvs, name: self.prepare(sends, recvs, tag, name, split), sync))
+        exchange = self.exchange
+        return executor.actions(plan, buffers, reduce_fn, final_fn, what,
+                                lambda sends, recvs, name: partial(exchange, sends, recvs, tag, name), sync)
 
     def barrier(self, what="barrier"):
         """Dissemination barrier of empty messages: ceil(log2 n) rounds, each a bounded wait,

@@ -29,11 +29,9 @@ import zlib
 
 import numpy as np
 
-from .. import config, mpilib
+from .. import mpilib
 from ..errors import MismatchError
-from ..ops import aligned_parts
-from ..binding import COPY, REDUCE
-from ..plan import IN, OUT, TMP
+from ..plan import IN
 from .base import foreign_message
 from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, timeout_error
 from . import cma as _cma
@@ -41,7 +39,7 @@ from .shm_arrays import SharedArrays
 from .shm_header import (CALL_FIELDS, CMA_OK, DONE, FIELD_NAMES, FLAGS, HEADER, IN_ADDRESS, IN_ARRAY,
                          IN_OFFSET, OUT_ADDRESS, OUT_ARRAY, OUT_OFFSET, PID, PROBE_ADDRESS, PROGRESS,
                          SIGNATURE, call_fields, mismatch_error)
-from .shm_layout import CMA, STAGED, Layouts, F_CMA, F_IN_PLACE, F_IN_SHARED, F_OUT_SHARED
+from .shm_layout import CMA, STAGED, Layouts
 
 MPI = mpilib.load()
 
@@ -133,93 +131,20 @@ class ShmTransport:
             self._free_window()
         self.shared.release()
 
-    # one call ------------------------------------------------------------------------------------
-    def run(self, plan, plans_of, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, signature, tag):
-        """Run ``plan`` with its on-node messages through shared memory. ``plans_of(rank)`` gives
-        any rank's plan of this call (a receiver lays out its senders' staging from them)."""
-        comm = self.comm
-        me = comm.rank
-        itemsize = outbuf.itemsize
-        dtype = outbuf.dtype
-        in_place = inbuf is outbuf
-        flags = (F_IN_PLACE if in_place else 0) | (F_CMA if self.cma else 0)
-        in_at = self.shared.locate(inbuf)
-        out_at = in_at if in_place else self.shared.locate(outbuf)
-        flags |= (F_IN_SHARED if in_at is not None else 0) | (F_OUT_SHARED if out_at is not None else 0)
-        steps = self.layouts.call(plan, itemsize, flags, final_fn is not None, plans_of)
-        call = self.calls + 1
-        self.what = what  # the call's name, which a mismatch names (a wait names its step)
+    # what a call (shm_call.ShmCall) asks of the transport -------------------------------------------
+    def signed(self, signature):
+        """(the checksum of ``signature``, its header fields), kept for the calls to come."""
         signed = self.signatures.get(signature)
         if signed is None:
             if len(self.signatures) > 1024:
                 self.signatures.clear()
             signed = self.signatures[signature] = (zlib.crc32(signature.encode()), call_fields(signature))
-        sig, fields = signed
-        limit = config.timeout()
-        # the staging of the last call may still be read: wait for its readers to finish it
-        if self.readers:
-            self._wait_done(self.readers, call - 1, what, limit, sig, tag)
-        need = steps.need if steps.need > self.capacity else 0
-        self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf, steps.direct)
-        base = call << 32
-        self.header[PROGRESS] = base  # this call has begun: its fields can be compared
-        if need:
-            self._agree_and_grow(need, sig, call, what, limit)
-            self._publish_call(fields, sig, flags, in_at, out_at, inbuf, outbuf, steps.direct)  # the new window
-            self.header[PROGRESS] = base
-        header = self.header
-        self.calls = call
-        bufs = (inbuf, outbuf, tmpbuf)
-        mine = self.staging[self.node_index[me]]
-        mine = mine[:mine.size - mine.size % itemsize].view(dtype)  # staging offsets are in elements
-        sources = {}  # (peer, chan) -> [messages taken so far, the sender's messages, its header]
-        # the plan's steps as shm_layout.Call worked them out: regions (IN/OUT/TMP, lo, hi), messages
-        # to other hosts (MPI), staged sends, receives from this node (a mapped one is read in place)
-        for index, far_recvs, far_sends, staged, near, ops, label in steps.steps:
-            # messages to other hosts: MPI, posted first
-            requests = None
-            if far_recvs or far_sends:
-                requests = [comm.irecv(_operand(bufs, None, region), peer, tag + chan) for region, peer, chan in far_recvs]
-                requests += [comm.isend(_operand(bufs, None, region), peer, tag + chan) for region, peer, chan in far_sends]
-            # shared-memory sends: stage what is not read in place, then publish the step
-            for b, lo, hi, at in staged:
-                np.copyto(mine[at:at + hi - lo], bufs[b][lo:hi])
-            if _FENCE:
-                self.window.Sync()
-            header[PROGRESS] = base | (index + 1)
-            # shared-memory receives: wait for the sender's step, then copy or map
-            views = None
-            if near:
-                self._wait_steps(near, sources, plans_of, itemsize, call, sig, what + label, limit, tag, requests)
-                for peer, region, chan, mapped in near:
-                    source = self._source(sources, peer, chan, dtype)
-                    if source.__class__ is tuple:  # cross-memory attach: one copy out of the peer
-                        _cma.read(source[0], source[1], _operand(bufs, None, region))
-                    elif mapped:
-                        if views is None:
-                            views = []
-                        views.append((region[1], region[2], source))
-                    else:
-                        np.copyto(_operand(bufs, None, region), source)
-            if requests:
-                comm.waitall(requests, what + label)
-            # local operations, reading mapped receives from the peer's memory
-            for op in ops:
-                kind = op[0]
-                if kind == REDUCE:
-                    for out, left, right in aligned_parts(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]),
-                                                          _operand(bufs, views, op[3])):
-                        reduce_fn(left, right, out=out)
-                elif kind == COPY:
-                    np.copyto(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]))
-                else:  # FINAL (bound only where final_fn is given)
-                    final_fn(_operand(bufs, None, op[1]))
+        return signed
+
+    def fence(self):
+        """Make this rank's stores visible before a counter that announces them (a no-op on x86-64)."""
         if _FENCE:
             self.window.Sync()
-        header[DONE] = call
-        self.readers = steps.readers
-        if steps.direct:  # the caller may write its shared array next: its readers must be done
-            self._wait_done(self.readers, call, what, limit, sig, tag)
 
     def _publish_call(self, fields, sig, flags, in_at, out_at, inbuf, outbuf, direct):
         """This call's header slots where they changed (peers poll the row: a write costs them a miss)."""
@@ -362,17 +287,6 @@ class ShmTransport:
             os.sched_yield()
         self.node.barrier(f"{what}: growing the shared window")
         self._grow(max(need, 2 * self.capacity))
-
-
-def _operand(bufs, views, region):
-    """The array a bound region ``(buf, lo, hi)`` names: a mapped receive's peer memory (``views``:
-    (lo, hi, source) of this step's mapped receives into TMP) where one holds it, else the buffer."""
-    buf, lo, hi = region
-    if views is not None and buf == TMP:
-        for vlo, vhi, source in views:
-            if vlo <= lo and hi <= vhi:
-                return source[lo - vlo:hi - vlo]
-    return bufs[buf][lo:hi]
 
 
 def shared_empty(comm, shape, dtype):
