@@ -96,7 +96,7 @@ def predict(data, per_host, inter_alpha=None, sharing="fair", back_to_back=True)
     checkout's simulator, from the run's fit, on ``Topology(per_host, intra, inter,
     shared_nic=True, sharing, burst, back_to_back)`` (the burst and back-to-back calls on fair
     links only); ``inter_alpha`` (s), where given, in place of the fit's inter-host alpha."""
-    from collectives import simulate as sim
+    from collectives import simulator as sim
 
     inter = data["details"]["inter"]
     alpha = inter["alpha"] if inter_alpha is None else inter_alpha

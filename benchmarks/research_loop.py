@@ -39,7 +39,7 @@ def measure(name, ranks, nbytes, load, timeout):
 
 def main(argv=None):
     from collectives.plugins import add_load_option, load_files
-    from collectives.simulate import _size, logarithmic
+    from collectives.simulator import _size, logarithmic
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.research_loop", description=__doc__.splitlines()[0])
     p.add_argument("-a", "--algorithms", default="all")

@@ -21,6 +21,7 @@ from .ops import DTYPES, OPS
 from .algorithms._options import Option
 from .plan import PlanError
 from .plugins import register_algorithm, unregister_algorithm, verify
+from .simulator import simulate
 
 __version__ = "0.1.0"
 
@@ -35,8 +36,4 @@ def __getattr__(name):
         from .comm.mpi import MPIComm
 
         return MPIComm
-    if name == "simulate":
-        from .simulate import simulate
-
-        return simulate
     raise AttributeError(f"module 'collectives' has no attribute {name!r}")

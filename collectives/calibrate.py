@@ -2,7 +2,7 @@
 
 Run under mpiexec with 2 or more ranks:
 
-    mpiexec -n 2 python -m collectives.simulate --calibrate [-a ring,tree] [-b 8] [-e 16M] [-f 4] [--json F]
+    mpiexec -n 2 python -m collectives.simulator --calibrate [-a ring,tree] [-b 8] [-e 16M] [-f 4] [--json F]
 
 alpha and beta come from a weighted least-squares fit (relative error) of ping-pong half
 round trips between rank 0 and another rank of its host, 8 B .. 4 MiB, through the library's own communicator
@@ -35,6 +35,9 @@ import time
 
 import numpy as np
 
+import collectives
+from . import simulator as sim
+from .api import as_comm
 from .cli import parse_size
 
 PINGPONG_SIZES = [8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
@@ -193,13 +196,9 @@ def measure(comm, name, nbytes, reps):
 def main(args=None):
     from mpi4py import MPI
 
-    import collectives
-    from collectives import simulate as sim
-    from collectives.api import as_comm
-
     comm = MPI.COMM_WORLD
     if comm.size < 2:
-        print("calibration needs at least 2 ranks: mpiexec -n 2 python -m collectives.simulate --calibrate")
+        print("calibration needs at least 2 ranks: mpiexec -n 2 python -m collectives.simulator --calibrate")
         return 2
     spec = getattr(args, "algorithms", "all") or "all"
     names = collectives.algorithm_names() if spec == "all" else [a.strip() for a in spec.split(",")]

@@ -35,12 +35,14 @@ al. 2019): the caller keeps one array per buffer; each call adds it to its input
 the wire precision before any message, and stores what the rounding dropped for the next call.
 """
 import weakref
+from dataclasses import replace
 
 import numpy as np
 
 from . import config
 from .comm.base import Communicator
-from .model import wire_ratio
+from .model import BETA, wire_ratio
+from .simulator import simulate as _simulate
 
 FORMATS = ("bf16", "fp16")
 SCOPES = ("across_hosts", "all")
@@ -236,11 +238,6 @@ def simulate(algorithm, ranks, nbytes, *, compression="bf16", compression_scope=
              topology=None, beta=None, **kwargs):
     """``collectives.simulate`` with the wire's bytes: every message (``"all"``) or the messages
     between nodes of ``topology`` (``"across_hosts"``) cost ``2 / itemsize`` of their bytes."""
-    from dataclasses import replace
-
-    from .model import BETA
-    from .simulate import simulate as _simulate
-
     ratio = wire_ratio(compression, itemsize)
     beta = BETA if beta is None else beta
     if topology is not None:

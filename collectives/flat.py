@@ -1,6 +1,6 @@
 """Every rank's plan at once: built with the algorithm's own ``build``, flattened into arrays.
 
-The timing model (``collectives.simulate``) and the symbolic check (``collectives.symbolic``)
+The timing model (``collectives.simulator``) and the symbolic check (``collectives.symbolic``)
 both read the plans of all ranks as flat numpy arrays: steps numbered globally, messages in
 post order with their matching message on the other side, local operations.
 """

@@ -3,7 +3,7 @@
 A plan is what one rank does, as a list of steps. Each step posts its messages
 together (nonblocking), waits for all of them, then runs its local operations
 in order. The real executor (``execute``) runs a plan over any communicator; the
-simulator (``collectives.simulate``) runs the plans of all ranks to predict time
+simulator (``collectives.simulator``) runs the plans of all ranks to predict time
 and to check, with symbolic data, that every element is reduced exactly once.
 
 Buffers are named by small integers:
@@ -39,7 +39,7 @@ tuples on first use, and the simulator reads the columns directly. The runners r
 position in one place, ``collectives.binding.bind``; a plan written by hand with plain tuples runs
 the same, and ``typed(step)`` gives any step with named entries (for printing and tests).
 
-Rules a plan keeps (the symbolic check in ``collectives.simulate`` enforces them):
+Rules a plan keeps (the symbolic check, ``collectives.symbolic``, enforces them):
 ``IN`` is never written; an element of ``IN`` is never read after the same element
 of ``OUT`` was written (so a plan also runs in place, with ``IN is OUT``); every
 element of ``OUT`` ends complete with exactly one FINAL applied.

@@ -18,7 +18,7 @@ registered the name works everywhere a built-in one does. Loading without editin
   a ``RuntimeWarning``, never a failed job);
 - ``COLLECTIVES_PLUGINS=FILE.py[:FILE.py...]`` (the same on every rank) runs those files, which
   call ``register_algorithm``, at the same moment; an error there is raised;
-- ``--load FILE.py`` does the same on ``python -m collectives.simulate``, ``python -m
+- ``--load FILE.py`` does the same on ``python -m collectives.simulator``, ``python -m
   collectives.tune`` and ``python -m benchmarks.allreduce_perf``.
 """
 import importlib

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from collectives import atoms, simulate as sim
+from collectives import atoms, simulator as sim
 from collectives.flat import _Flat, build_plans
 from collectives.plan import PlanError, Step
 from collectives.symbolic import verify_plans

@@ -225,7 +225,7 @@ def test_residual_holds_what_rounding_dropped():
 
 
 def test_cost_model_and_simulator_see_the_halved_bytes():
-    from collectives.simulate import Topology
+    from collectives.simulator import Topology
 
     topo = Topology(2, (1e-6, 1e-10), (1e-5, 8e-9))
     full = collectives.simulate("two_level", 4, 16 << 20, topology=topo)

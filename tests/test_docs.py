@@ -90,7 +90,7 @@ def public_names(package):
 
 
 # names the package loads on first use, documented at the module that defines them
-LAZY = {"MPIComm": "collectives.comm.mpi.MPIComm", "simulate": "collectives.simulate.simulate"}
+LAZY = {"MPIComm": "collectives.comm.mpi.MPIComm", "simulate": "collectives.simulator.simulate"}
 
 
 @pytest.mark.parametrize("package", ["collectives", "tf_bridge"])

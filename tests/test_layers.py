@@ -62,3 +62,21 @@ def test_the_binder_imports_only_plans():
 def test_every_library_module_stays_under_400_lines():
     long = {m: n for m, path in MODULES.items() if (n := sum(1 for _ in open(path))) >= 400}
     assert not long, f"modules of 400 lines or more: {long}"
+
+
+def test_no_public_name_shadows_a_submodule_and_simulate_is_a_function():
+    """A name of the package is the submodule of that name where there is one (``algorithms``: the
+    registry subpackage, callable only as the deprecated alias); ``collectives.simulate`` is a
+    plain function and the simulator is the package ``collectives.simulator``."""
+    import importlib
+    import pkgutil
+    import types
+
+    import collectives
+
+    for info in pkgutil.iter_modules(collectives.__path__):
+        module = importlib.import_module(f"collectives.{info.name}")
+        assert getattr(collectives, info.name) is module, info.name
+    assert isinstance(collectives.simulate, types.FunctionType)
+    assert collectives.simulate is collectives.simulator.simulate
+    assert collectives.simulate("ring", ranks=4, nbytes=64).verified

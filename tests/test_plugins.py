@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives import plugins, simulate as sim
+from collectives import plugins, simulator as sim
 from collectives.tools import simulate_cli
 from collectives.plan import FINAL, IN, OUT, REDUCE, TMP, PlanBuilder, PlanError, Step, block_bounds
 

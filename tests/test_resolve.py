@@ -10,7 +10,7 @@ import collectives
 from collectives.comm.base import Communicator
 from collectives.comm.threaded import run_threaded
 from collectives.flat import build_plans
-from collectives.simulate.topology import Topology
+from collectives.simulator.topology import Topology
 
 algorithms = importlib.import_module("collectives.algorithms")  # the name is shadowed by a function
 

@@ -4,7 +4,7 @@ import math
 import pytest
 
 import collectives
-from collectives import simulate as sim
+from collectives import simulator as sim
 from collectives.tools import simulate_cli
 from collectives.plan import REDUCE, PlanError, Step
 
@@ -175,7 +175,7 @@ def test_a_ranks_link_is_full_duplex_and_each_side_queues_its_own_messages():
     # everything is through after two message times. A model in which a message held its sender's
     # and its receiver's ports at once ran 2 -> 0 only after 2 -> 1 got 1's receive port: three.
     from collectives.plan import PlanBuilder
-    from collectives.simulate import timing
+    from collectives.simulator import timing
 
     count, alpha, beta = 1000, 1e-6, 1e-9
     plans = []
@@ -287,7 +287,7 @@ def test_no_algorithm_beats_the_host_link_floor(hosts, per_host, sharing):
 
 
 def test_fair_links_share_their_rate_among_the_messages_crossing_them():
-    from collectives.simulate.timing import _FairLinks
+    from collectives.simulator.timing import _FairLinks
 
     links = _FairLinks(1, 0.0)
     links.arrive(0, 7, 0.0, 1.0, 1.0)
@@ -401,7 +401,7 @@ def test_messages_between_hosts_hold_the_links_not_the_ranks_ports():
 
 @pytest.mark.parametrize("per_host, hosts", [(2, 2), (2, 3), (3, 4), (1, 5)])
 def test_waves_and_event_loop_agree_with_a_shared_nic(per_host, hosts, monkeypatch):
-    from collectives.simulate import timing
+    from collectives.simulator import timing
 
     topo = sim.Topology(per_host, (30e-6, 3e-10), (100e-6, LINK), shared_nic=True)
     for name in ALGORITHMS:
@@ -422,7 +422,7 @@ def test_all_to_all_across_hosts_keeps_every_link_busy(per_host, hosts, monkeypa
     # own queue (a message ends when both its links carried it), so the all-to-all takes the
     # links' time; when a message held both links at once, links sat idle while messages waited
     # for their second link (2.5x the links' time on 3 x 2; measured 0.40-0.47 of that prediction)
-    from collectives.simulate import timing
+    from collectives.simulator import timing
 
     topo = sim.Topology(per_host, (2e-6, 1e-10), (50e-6, LINK), shared_nic=True)
     p, n = per_host * hosts, 9 << 20  # even blocks on 6, 8, 9 and 12 ranks
@@ -501,7 +501,7 @@ def test_uneven_hosts():
     even = sim.Topology(2, (2e-6, 1e-10), (50e-6, LINK), shared_nic=True)
     assert collectives.simulate("two_level", ranks=5, nbytes=n, topology=topo, verify_data=False).time > \
         collectives.simulate("two_level", ranks=6, nbytes=n, topology=even, verify_data=False).time
-    from collectives.simulate import timing  # the waves and the event loop agree on uneven hosts too
+    from collectives.simulator import timing  # the waves and the event loop agree on uneven hosts too
     for name, options in (("two_level", {"chunks": 3}), ("ring", {}), ("hierarchical_copy", {}), ("tree", {})):
         waves = collectives.simulate(name, ranks=5, nbytes=n, topology=topo, verify_data=False, **options).time
         saved, timing.wave_times = timing.wave_times, lambda *a, **k: None
@@ -521,7 +521,7 @@ def test_rank_zeros_plan_at_the_checks_count_is_built_once():
     rank 0's plan at the check's count is built once for both."""
     from unittest import mock
 
-    import collectives.simulate.core as core
+    import collectives.simulator.core as core
 
     counts = []
     build_plan = core.build_plan

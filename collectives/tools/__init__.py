@@ -1,4 +1,4 @@
-"""Command-line tools over the library: the simulator's CLI (``python -m collectives.simulate``).
+"""Command-line tools over the library: the simulator's CLI (``python -m collectives.simulator``).
 
 The library core never imports this package; the tools import the core. The other tools
 (``collectives.tune``, ``collectives.calibrate``, ``collectives.protocol``, ``collectives.cleanup``,

@@ -1,4 +1,4 @@
-"""``python -m collectives.simulate``: a table of predicted times per algorithm and size (``--plot``,
+"""``python -m collectives.simulator``: a table of predicted times per algorithm and size (``--plot``,
 ``--timeline``), ``--scale-check``, and ``--calibrate`` under mpiexec (``collectives.calibrate``)."""
 import sys
 import time
@@ -7,10 +7,10 @@ from ..cli import parse_size
 from ..flat import _registry
 from ..model import ALPHA, BETA, GAMMA
 from ..plugins import add_load_option, load_files
-from ..simulate.core import simulate
-from ..simulate.plots import _plot, timeline
-from ..simulate.scale import scale_check
-from ..simulate.topology import Topology
+from ..simulator.core import simulate
+from ..simulator.plots import _plot, timeline
+from ..simulator.scale import scale_check
+from ..simulator.topology import Topology
 
 
 def _size(text):
@@ -20,7 +20,7 @@ def _size(text):
 def _parse(argv):
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m collectives.simulate", description="Predict all-reduce times.")
+    p = argparse.ArgumentParser(prog="python -m collectives.simulator", description="Predict all-reduce times.")
     p.add_argument("-a", "--algorithms", default="all")
     p.add_argument("-p", "--ranks", type=int, default=64)
     p.add_argument("-b", "--minbytes", default="8")

@@ -16,7 +16,7 @@ large worlds, so it suits few ranks or networks with full bisection and cheap me
 Reference: the "direct" (pairwise) reduce-scatter and all-gather of Thakur, Rabenseifner and
 Gropp, "Optimization of collective communication operations in MPICH", IJHPCA 19(1), 2005.
 
-Written only with the public API: ``python -m collectives.simulate --load
+Written only with the public API: ``python -m collectives.simulator --load
 examples/algorithms/direct.py -a direct -p 1024``.
 """
 import sys

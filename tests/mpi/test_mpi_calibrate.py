@@ -1,4 +1,4 @@
-"""``python -m collectives.simulate --calibrate`` under mpiexec: the fit and the table of measured
+"""``python -m collectives.simulator --calibrate`` under mpiexec: the fit and the table of measured
 against predicted times, and the ranks outside a ping-pong asleep while it runs (on a machine
 with fewer cores than ranks they took the cores from the ranks being timed). Run by
 tests/run_all.py at N = 1..4 ranks."""
