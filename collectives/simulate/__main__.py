@@ -1,6 +1,0 @@
-"""``python -m collectives.simulate``: the launcher of the simulator's command-line tool."""
-import sys
-
-from ..tools.simulate_cli import main
-
-sys.exit(main())
