@@ -1,8 +1,9 @@
-"""The communicator interface: all that an algorithm's executor may use.
+"""The communicator interface: all that the step loop (``executor.run``) asks of a transport.
 
 A transport implements ``rank``, ``size``, ``isend``, ``irecv``, ``waitall``,
-``split`` and ``barrier``; the blocking calls and the per-step ``exchange`` have
-default implementations here in terms of those. Buffers are contiguous 1-D
+``split`` and ``barrier``; the blocking calls, the per-step ``exchange`` and ``bind_call`` (a
+call's plan bound to its buffers as the step loop's actions: each step's exchange, then its
+local operations) have default implementations here in terms of those. Buffers are contiguous 1-D
 arrays (NumPy, or CuPy where the transport accepts device memory); they travel
 as raw bytes, never pickled.
 """
