@@ -11,6 +11,7 @@ Plans are pure data that depend on the call's shape (algorithm, world size, rank
 size, options), never on a communicator, so every session shares one bounded store of them:
 threaded worlds made per call (``run_threaded``) and split communicators reuse them.
 """
+import itertools
 import threading
 import weakref
 from collections import OrderedDict
@@ -23,7 +24,7 @@ _plans_lock = threading.Lock()  # threaded worlds and progress threads share the
 
 
 class Session:
-    __slots__ = ("programs", "shapes", "last", "choices", "scratch", "windows", "picks", "__weakref__")
+    __slots__ = ("programs", "shapes", "last", "choices", "scratch", "windows", "picks", "calls", "__weakref__")
 
     def __init__(self):
         self.programs = OrderedDict()  # (algorithm, op, dtype, count, params) -> Program
@@ -33,6 +34,9 @@ class Session:
         self.scratch = {}  # (backend name, dtype) -> buffer
         self.windows = {}  # name -> a shared window object with free() and nbytes
         self.picks = {}  # autotune key -> (algorithm, transport, why) the ranks agreed on for auto
+        # the caller's collective calls that returned here (``next()`` on it is atomic, so threads
+        # sharing the communicator count right); recovery agrees on them (RanksLost.completed)
+        self.calls = itertools.count()
         _sessions.add(self)
 
     @staticmethod
@@ -67,6 +71,10 @@ class Session:
         if buf is None or buf.size < count:
             buf = self.scratch[key] = backend.empty(max(count, 1), dtype)
         return buf
+
+    def completed_calls(self):
+        """How many of the caller's calls have returned on this communicator (read, not counted)."""
+        return int(repr(self.calls)[len("count("):-1])
 
     def memory(self):
         """Bytes held: scratch, programs (with their count) and windows."""
