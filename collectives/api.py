@@ -27,6 +27,7 @@ def barrier(comm=None):
     except CollectiveError as exc:
         failed(ours, "barrier", exc)
         raise
+    next(ours.session.calls)  # a call that returned (RanksLost.completed)
 
 
 def clear_caches():

@@ -8,7 +8,9 @@ of a step, after its first bucket has started. Every survivor gets ``collectives
 
 1. go on with ``error.survivors`` (a communicator of the survivors, rank order kept);
 2. take the state (weights, step) from the survivors' rank 0: every survivor then holds the same
-   state, even where one had completed the step the others could not;
+   state, even where one had completed the step the others could not (``error.ahead`` says so:
+   it had applied that step's update already; ``error.completed`` counts the bucket calls that
+   returned on every survivor);
 3. make a new Bucketer on the survivors and repeat the step (the shards are re-cut for the new size).
 
 Run (Open MPI with ULFM; the launch of docs/reliability.md):
@@ -82,7 +84,8 @@ def main():
             buckets = collectives.Bucketer(grads, bucket_bytes=1024, op="avg", comm=comm)
             lost_at = step
             print(f"ELASTIC-TRAIN rank {world.Get_rank()}: lost ranks {list(error.lost)} at step {step}; "
-                  f"{comm.Get_size()} survivors go on", flush=True)
+                  f"{comm.Get_size()} survivors go on (bucket calls completed on every survivor: "
+                  f"{error.completed}; this rank ahead by {error.ahead})", flush=True)
             continue
         for w, g in zip(weights, grads):
             w -= LR * g

@@ -11,7 +11,11 @@ With ULFM (Open MPI launched with ``--with-ft ulfm``; docs/reliability.md has th
    keeps the survivors' rank order; a watchdog thread ends the job should it not return in time);
 3. they confirm the lost set with two MPI_Comm_iagree on the new communicator (the bitwise AND of
    a hash of the set, and of its complement, equals one's own on every rank only where every
-   rank holds the same set); a rank that fails meanwhile starts the round again on the new one.
+   rank holds the same set); a rank that fails meanwhile starts the round again on the new one;
+4. they agree on the calls to repeat: an MPI_Iallreduce (MIN and MAX at once) over the new
+   communicator of each one's count of the caller's calls that returned on the old one (the
+   session's ``calls``). The least is RanksLost.completed; a rank above it is ``ahead``: it
+   completed a call that some other survivor could not.
 
 Every step is polled against COLLECTIVES_TIMEOUT, counted from the start of recovery. Where a
 step does not complete in it (a rank alive but silent: ULFM excludes only failed processes), or
@@ -53,6 +57,7 @@ def recover(comm, exc):
     limit = config.timeout()
     deadline = start + limit if limit else None
     original = mpi_comm.Get_group()
+    mine = comm.session.completed_calls()
     current, timings = mpi_comm, {"revoke": time.monotonic() - start}
     for _ in range(comm.size):
         survivors = current
@@ -63,6 +68,8 @@ def recover(comm, exc):
             lost = sorted(set(range(comm.size)) - set(members))
             _agree(survivors, lost, deadline)
             timings["agree"] = time.monotonic() - start
+            completed, most = _agree_calls(survivors, mine, deadline)
+            timings["calls"] = time.monotonic() - start
             break
         except MPI.Exception as err:
             if process_failure(err, what, []) is None:
@@ -77,9 +84,11 @@ def recover(comm, exc):
     if not isinstance(survivors, MPI.Intracomm):
         survivors = MPI.Intracomm(survivors)
     plural = "s" if len(lost) != 1 else ""
+    ahead = f" (some survivors had completed calls up to {most - 1})" if most > completed else ""
     error = RanksLost(f"{what}: rank{plural} {', '.join(map(str, lost))} of {comm.size} lost "
-                      f"({type(exc).__name__}: {exc}); the {survivors.Get_size()} survivors go on: repeat the "
-                      f"call with comm=error.survivors", lost, survivors, exc)
+                      f"({type(exc).__name__}: {exc}); the {survivors.Get_size()} survivors go on: repeat call "
+                      f"{completed} (from 0) of this communicator{ahead}, with comm=error.survivors",
+                      lost, survivors, exc, completed, mine - completed)
     error.timings = timings
     raise error from exc
 
@@ -131,3 +140,12 @@ def _agree(survivors, lost, deadline):
         if int(flag[0]) != value:
             raise CollectiveTimeout(f"recovering from lost ranks: the survivors disagree on the lost ranks "
                                     f"(this rank: {lost})")
+
+
+def _agree_calls(survivors, mine, deadline):
+    """(least, most) of every survivor's count ``mine`` of calls that returned: one MPI_Iallreduce
+    (MIN of the count and of its negation) on the survivors' communicator, polled to ``deadline``."""
+    counts = np.array([mine, -mine], dtype=np.int64)
+    result = np.empty_like(counts)
+    _wait(survivors.Iallreduce(counts, result, op=MPI.MIN), deadline, "agreeing on the calls to repeat")
+    return int(result[0]), int(-result[1])

@@ -7,10 +7,13 @@ order of summation gives the same bits) with ELASTIC_ALGO, in place or out of pl
 (ELASTIC_PLACE), and checks each result against MPI_Allreduce of the same inputs on the same
 communicator. Rank ELASTIC_VICTIM kills itself (SIGKILL) at its ELASTIC_STEP-th message step
 from call ELASTIC_FAIL_AT on: mid-call (``shm``, which has no such steps, dies as the call
-starts). A survivor catches RanksLost, goes on with ``error.survivors`` and (the recipe of
-docs/reliability.md) agrees with the other survivors on the call to repeat.
+starts); with ELASTIC_DELAY seconds it waits that long at that step first (its peers that do not
+need it finish the call meanwhile: they are then one call ahead). A survivor catches RanksLost,
+goes on with ``error.survivors`` and repeats the call the library names (the recipe of
+docs/reliability.md: call ``error.completed`` of the failed communicator).
 
-Lines: ``ELASTIC-LOST rank R: lost=[..] survivors=S seconds=T timings=...`` per recovery,
+Lines: ``ELASTIC-LOST rank R: call C lost=[..] world=[..] survivors=S repeat=K ahead=A
+seconds=T timings=...`` per recovery (C: the call it was in, K: the call it repeats),
 ``ELASTIC-WRONG`` for a result that differs from MPI's, ``ELASTIC-OK rank R lost=[..]`` at the end.
 """
 import os
@@ -32,6 +35,7 @@ CALLS = int(os.environ.get("ELASTIC_CALLS", "5"))
 COUNT = int(os.environ.get("ELASTIC_COUNT", "100000"))  # 400 kB: the step loop (no prepared program)
 FAIL_AT = int(os.environ.get("ELASTIC_FAIL_AT", "2"))
 STEP = int(os.environ.get("ELASTIC_STEP", "2"))
+DELAY = float(os.environ.get("ELASTIC_DELAY", "0"))
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 VICTIM = int(os.environ.get("ELASTIC_VICTIM", str(SIZE - 1)))
@@ -49,6 +53,7 @@ def die_at_step(step):
     def exchange(self, *args, **kwargs):
         seen[0] += 1
         if seen[0] >= step:
+            time.sleep(DELAY)
             os.kill(os.getpid(), signal.SIGKILL)
         return original(self, *args, **kwargs)
     _mpi.MPIComm.exchange = exchange
@@ -61,6 +66,7 @@ def inputs(call):
 
 def main():
     comm, lost, call = WORLD, [], 0
+    base = 0  # the number of the first call made on ``comm``
     while call < CALLS:
         x = inputs(call)
         expected = np.empty_like(x)
@@ -83,15 +89,17 @@ def main():
             comm = error.survivors
             lost = sorted(set(lost) | set(_world_ranks(error)))
             timings = {k: round(v, 4) for k, v in getattr(error, "timings", {}).items()}
+            repeat = base + error.completed  # the call that did not complete on every survivor
             say(f"ELASTIC-LOST rank {RANK}: call {call} lost={list(error.lost)} world={_world_ranks(error)} "
-                f"survivors={comm.Get_size()} seconds={seconds:.4f} timings={timings} ({error})")
-            call = comm.allreduce(call, op=MPI.MIN)  # the survivors repeat the earliest failed call
+                f"survivors={comm.Get_size()} repeat={repeat} ahead={error.ahead} seconds={seconds:.4f} "
+                f"timings={timings} ({error})")
+            call = base = repeat
             continue
         try:
             comm.Allreduce(x, expected)  # MPI's own all-reduce on the same communicator
         except MPI.Exception:
             # this rank completed a call the others could not (the lost rank had sent it all it
-            # needed): the library tells it at its next call, and the survivors agree to repeat this one
+            # needed): the library tells it at its next call, with the call to repeat
             call += 1
             continue
         if not np.array_equal(got, expected):
