@@ -6,7 +6,8 @@ Each host is a Linux network namespace with its own host name, SysV IPC and a pr
 (a tmpfs that vanishes with the job), joined to the others by a veth link on a bridge; ``--rate``
 shapes every host's link in both directions (tbf: ``500M`` is 500 Mbit/s; small packets such as
 TCP's ACKs go ahead of bulk data in its queue; no delay emulation).
-PROGRAM runs under MPICH's ``mpiexec`` (Hydra) with K ranks per host, in rank order host by host
+PROGRAM runs under MPICH's ``mpiexec`` (Hydra), or Open MPI's with ``--mpi openmpi`` (``--ft``:
+with ULFM; benchmarks/cluster_openmpi.py), with K ranks per host, in rank order host by host
 (K may be a comma list, one count per host: ``--hosts 3 --ranks-per-host 2,1,2``). Ranks of one
 host talk through shared memory, ranks of different hosts over TCP on the links (UCX, every
 message eagerly: ``UCX_RNDV_THRESH=inf`` unless the environment sets it), so MPI (and the
@@ -29,6 +30,11 @@ import subprocess
 import sys
 import tempfile
 import time
+
+try:
+    from . import cluster_openmpi
+except ImportError:  # run as a script
+    import cluster_openmpi
 
 CANNOT = 77
 TIMED_OUT = 124
@@ -211,9 +217,10 @@ def _netns_mounted():
 class Cluster:
     """H hosts (namespaces) with ``ranks`` ranks each; a context manager that tears down on exit."""
 
-    def __init__(self, ranks, rate=None):
+    def __init__(self, ranks, rate=None, mpi="mpich", ft=False):
         self.ranks = list(ranks)
         self.rate = rate
+        self.mpi, self.ft = mpi, ft
         self.run_id = f"{os.getpid():x}"
         self.bridge = f"cl{self.run_id}br"
         self.hosts = [f"cl{self.run_id}h{i}" for i in range(len(self.ranks))]
@@ -243,6 +250,7 @@ class Cluster:
         sweep_stale()
         with _Lock():
             subnet = _free_subnet()
+            self.subnet = f"{subnet}.0/24"
             _ip("link", "add", self.bridge, "type", "bridge")
             self.made.append(("link", self.bridge))
             self.gateway = f"{subnet}.254"
@@ -279,9 +287,15 @@ exec ip netns exec "$ns" unshare --uts --ipc --mount --propagation private \\
     sh -c "hostname $ns && mount -t tmpfs -o size=1g,mode=1777 $ns /dev/shm && exec $*"
 """)
         os.chmod(self.launcher, 0o700)
+        if self.mpi == "openmpi":
+            self.launcher = os.path.join(self.workdir, "openmpi-agent")
+            cluster_openmpi.write_agent(self.launcher, self.addresses, self.hosts)
 
     def command(self, program, mpiexec=None):
         mpiexec = mpiexec or _mpiexec()
+        if self.mpi == "openmpi":
+            return cluster_openmpi.command(mpiexec, self.launcher, self.addresses, self.ranks, self.subnet, program,
+                                           self.ft)
         hosts = ",".join(f"{address}:{count}" for address, count in zip(self.addresses, self.ranks))
         return [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher, "-localhost", self.gateway,
                 "-hosts", hosts, "-n", str(sum(self.ranks)), *program]
@@ -294,6 +308,8 @@ exec ip netns exec "$ns" unshare --uts --ipc --mount --propagation private \\
         # every message eagerly: over TCP, UCX's rendezvous now and then holds a message back for
         # another's whole transfer (docs/performance.md#emulated-cluster)
         full_env.setdefault("UCX_RNDV_THRESH", "inf")
+        if self.mpi == "openmpi":
+            full_env = cluster_openmpi.environment(full_env, mpiexec or _mpiexec(), os.path.join(self.workdir, "tmp"))
         proc = subprocess.Popen(self.command(program, mpiexec), env=full_env)
         start = time.monotonic()
         empty_since = None
@@ -383,7 +399,11 @@ def main(argv=None):
     p.add_argument("--ranks-per-host", default="2", help="ranks per host, or a comma list (one per host)")
     p.add_argument("--rate", help="shape every host link to this rate, bits per second (500M, 1G)")
     p.add_argument("--timeout", type=float, help="end the job after this many seconds (exit 124)")
-    p.add_argument("--mpiexec", help="MPICH's mpiexec (default: next to this Python, else on PATH)")
+    p.add_argument("--mpiexec", help="the MPI library's mpiexec (default: next to this Python, else on PATH)")
+    p.add_argument("--mpi", choices=("mpich", "openmpi"), default="mpich", help="whose launcher: MPICH's Hydra "
+                   "(default) or Open MPI's (PRRTE)")
+    p.add_argument("--ft", action="store_true", help="Open MPI: launch with ULFM (--with-ft ulfm --mca pml ob1 "
+                   "--mca btl tcp,self), as COLLECTIVES_ON_ERROR=shrink needs")
     p.add_argument("--cleanup", action="store_true", help="only remove what runs killed with SIGKILL left")
     args = p.parse_args(argv)
     if args.cleanup:
@@ -396,6 +416,8 @@ def main(argv=None):
         return 0
     if args.hosts < 1:
         p.error("--hosts must be at least 1")
+    if args.ft and args.mpi != "openmpi":
+        p.error("--ft is Open MPI's ULFM launch: give --mpi openmpi too")
     if not program:
         p.error("no program: put it after --, e.g. -- python -m benchmarks.allreduce_perf -b 1M -e 16M")
     try:
@@ -412,7 +434,7 @@ def main(argv=None):
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_on_signal)
     try:
-        with Cluster(ranks, rate) as cluster:
+        with Cluster(ranks, rate, args.mpi, args.ft) as cluster:
             return cluster.run(program, timeout=args.timeout, mpiexec=args.mpiexec)
     except KeyboardInterrupt:
         print("benchmarks.cluster: interrupted; torn down", file=sys.stderr)

@@ -1,0 +1,196 @@
+"""A host lost in the middle of a run on the emulated cluster, under Open MPI with ULFM: how long
+the other hosts take to go on (COLLECTIVES_ON_ERROR=shrink).
+
+    python -m benchmarks.elastic_hosts --mpiexec OPENMPI/bin/mpiexec [--hosts 3] [--runs 5]
+        [--algorithm ring] [--kill ranks|host] [--out DIR]
+
+Each run starts ``benchmarks/elastic_hosts_job.py`` on H hosts x 1 rank (``python -m
+benchmarks.cluster --mpi openmpi --ft``; the Python next to ``--mpiexec`` runs the ranks), waits
+until every rank has made its first calls, then loses host 1:
+
+- ``--kill ranks`` (default): its ranks are killed (SIGKILL); Open MPI's daemon on the host
+  stays and reports their end to ``mpiexec``; 0.3 s later the host's link is cut. The other
+  hosts' ranks raise RanksLost, repeat the call it names, and make their calls to the end. To
+  end the job, the test then kills the daemon too and brings the link back up, so that
+  ``mpiexec`` learns the daemon is gone (on a real cluster TCP keepalive tells it, after
+  ``oob_tcp_keepalive_time``).
+- ``--kill host``: every process of the host, Open MPI's daemon included, is killed and its link
+  cut. Open MPI 5.0.11's runtime ends the whole job when it loses a daemon (docs/clusters.md):
+  this measures how soon.
+
+Printed per survivor, seconds: detection (the kill to the start of recovery), revoke, shrink (the
+new communicator), agree (the lost set), calls (agreement on the call to repeat), raised (the
+kill to RanksLost) and first_call (the first call on the survivors). ``--out`` keeps each run's
+output there. Needs root and network namespaces (as benchmarks.cluster).
+"""
+import argparse
+import ast
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "benchmarks", "elastic_hosts_job.py")
+CUT_AFTER = 0.3  # seconds between the ranks' end and the link's: the daemon's report gets out first
+PHASES = ("detect", "revoke", "shrink", "agree", "calls", "raised", "first_call")
+
+
+class Job:
+    """The cluster tool running the job on ``hosts`` hosts x 1 rank, its output read as it comes."""
+
+    def __init__(self, mpiexec, hosts, env=(), timeout=100):
+        full = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT, COLLECTIVES_ON_ERROR="shrink",
+                    COLLECTIVES_TIMEOUT="20", OMPI_MCA_osc="^ucx")
+        full.update(env)
+        for key in ("COLLECTIVES_CHECK", "COLLECTIVES_ALGO", "COLLECTIVES_TRANSPORT"):
+            full.pop(key, None)
+        python = os.path.join(os.path.dirname(mpiexec), "python")
+        cmd = [sys.executable, "-m", "benchmarks.cluster", "--hosts", str(hosts), "--ranks-per-host", "1",
+               "--mpi", "openmpi", "--ft", "--mpiexec", mpiexec, "--timeout", str(timeout), "--", python, JOB]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, errors="replace")
+        self.run_id = f"{self.proc.pid:x}"
+        self.lines = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def out(self):
+        return "".join(self.lines)
+
+    def wait_for(self, pattern, count, timeout=60):
+        """True once ``pattern`` is in the output ``count`` times; False if the job ended or time ran out."""
+        deadline = time.monotonic() + timeout
+        while len(re.findall(pattern, self.out)) < count:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _pids(self, host):
+        return subprocess.run(["ip", "netns", "pids", f"cl{self.run_id}h{host}"], capture_output=True,
+                              text=True).stdout.split()
+
+    def _link(self, host, state):
+        subprocess.run(["ip", "link", "set", f"cl{self.run_id}v{host}", state], check=True)
+
+    def lose(self, host, kill):
+        """Lose ``host`` (``kill``: "ranks" or "host", as the module says); time.monotonic() of the kill."""
+        pids = self._pids(host)
+        if kill == "ranks":
+            pids = [pid for pid in pids if _is_rank(pid)]
+        at = time.monotonic()
+        _kill(pids)
+        if kill == "ranks":
+            time.sleep(CUT_AFTER)
+        self._link(host, "down")
+        return at
+
+    def end_lost_host(self, host):
+        """Kill what is left of ``host`` and bring its link up: ``mpiexec`` learns its daemon is gone."""
+        _kill(self._pids(host))
+        self._link(host, "up")
+
+    def finish(self, timeout):
+        """The tool's exit status (None where it had to be ended) once it ends."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGTERM)  # the tool tears everything down on SIGTERM
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            code = None
+        self.reader.join(timeout=5)
+        return code
+
+
+def _is_rank(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return JOB.encode() in cmdline.read()
+    except OSError:
+        return False
+
+
+def _kill(pids):
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def recovery(out, survivors, killed_at):
+    """Per survivor rank: {"lost", "repeat", "ahead", and each of PHASES in seconds}."""
+    found = {}
+    for rank in survivors:
+        lost = re.findall(rf"HOSTS-LOST rank {rank}: lost=\[([\d, ]*)\] repeat=(\d+) ahead=(\d+) call=(\d+) "
+                          rf"at=([\d.]+) raised=([\d.]+) timings=(\{{.*\}})", out)
+        first = re.findall(rf"HOSTS-FIRST rank {rank} seconds=([\d.]+)", out)
+        if len(lost) != 1 or len(first) != 1:
+            continue
+        lost_ranks, repeat, ahead, call, _, raised, timings = lost[0]
+        t = ast.literal_eval(timings)
+        found[rank] = {"lost": lost_ranks, "repeat": int(repeat), "ahead": int(ahead), "call": int(call),
+                       "detect": float(raised) - t["calls"] - killed_at, "revoke": t["revoke"],
+                       "shrink": t["shrink"] - t["revoke"], "agree": t["agree"] - t["shrink"],
+                       "calls": t["calls"] - t["agree"], "raised": float(raised) - killed_at,
+                       "first_call": float(first[0])}
+    return found
+
+
+def run_once(mpiexec, hosts=3, algorithm="ring", kill="ranks", after=10, env=()):
+    """(exit status or None, output, seconds from the kill to the job's end, recovery per survivor)."""
+    job = Job(mpiexec, hosts, {"ALGO": algorithm, "AFTER": str(after), **dict(env)})
+    if not job.wait_for(r"HOSTS-STARTED rank \d", hosts):
+        return job.finish(10), job.out, None, {}
+    killed_at = job.lose(1, kill)
+    if kill == "ranks":
+        job.wait_for(r"HOSTS-OK rank \d", hosts - 1, timeout=60)
+        job.end_lost_host(1)
+    code = job.finish(60)
+    ended = time.monotonic() - killed_at
+    return code, job.out, ended, recovery(job.out, [r for r in range(hosts) if r != 1], killed_at)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.elastic_hosts", description=__doc__.split("\n")[0])
+    p.add_argument("--mpiexec", required=True, help="Open MPI's mpiexec (the ranks run the Python beside it)")
+    p.add_argument("--hosts", type=int, default=3)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--algorithm", default="ring")
+    p.add_argument("--kill", choices=("ranks", "host"), default="ranks")
+    p.add_argument("--out", help="a folder for each run's output")
+    args = p.parse_args(argv)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+    print(f"# {args.hosts} hosts x 1 rank, {args.algorithm}, --kill {args.kill}; seconds; "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print("run rank exit ended " + " ".join(PHASES) + " repeat ahead")
+    for run in range(args.runs):
+        code, out, ended, found = run_once(args.mpiexec, args.hosts, args.algorithm, args.kill)
+        if args.out:
+            with open(os.path.join(args.out, f"run{run}.log"), "w") as log:
+                log.write(out)
+        ended = f"{ended:.2f}" if ended is not None else "-"
+        if not found:
+            print(f"{run} - {code} {ended} no survivor went on")
+        for rank, r in sorted(found.items()):
+            print(f"{run} {rank} {code} {ended} " + " ".join(f"{r[k]:.4f}" for k in PHASES)
+                  + f" {r['repeat']} {r['ahead']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
