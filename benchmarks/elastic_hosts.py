@@ -2,7 +2,7 @@
 the other hosts take to go on (COLLECTIVES_ON_ERROR=shrink).
 
     python -m benchmarks.elastic_hosts --mpiexec OPENMPI/bin/mpiexec [--hosts 3] [--runs 5]
-        [--algorithm ring] [--kill ranks|host] [--out DIR]
+        [--algorithm ring] [--kill ranks|host|silent] [--env NAME=VALUE] [--out DIR]
 
 Each run starts ``benchmarks/elastic_hosts_job.py`` on H hosts x 1 rank (``python -m
 benchmarks.cluster --mpi openmpi --ft``; the Python next to ``--mpiexec`` runs the ranks), waits
@@ -17,6 +17,9 @@ until every rank has made its first calls, then loses host 1:
 - ``--kill host``: every process of the host, Open MPI's daemon included, is killed and its link
   cut. Open MPI 5.0.11's runtime ends the whole job when it loses a daemon (docs/clusters.md):
   this measures how soon.
+- ``--kill silent``: the host's link is cut first, then every process of it killed: a crash
+  nothing reports. Open MPI's heartbeat detector is on (``mpi_ft_detector``, every 0.5 s, a
+  peer silent for 2 s is failed); what the survivors then do is printed.
 
 Printed per survivor, seconds: detection (the kill to the start of recovery), revoke, shrink (the
 new communicator), agree (the lost set), calls (agreement on the call to repeat), raised (the
@@ -80,7 +83,8 @@ class Job:
                               text=True).stdout.split()
 
     def _link(self, host, state):
-        subprocess.run(["ip", "link", "set", f"cl{self.run_id}v{host}", state], check=True)
+        subprocess.run(["ip", "link", "set", f"cl{self.run_id}v{host}", state], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
 
     def lose(self, host, kill):
         """Lose ``host`` (``kill``: "ranks" or "host", as the module says); time.monotonic() of the kill."""
@@ -88,10 +92,13 @@ class Job:
         if kill == "ranks":
             pids = [pid for pid in pids if _is_rank(pid)]
         at = time.monotonic()
+        if kill == "silent":
+            self._link(host, "down")
         _kill(pids)
         if kill == "ranks":
             time.sleep(CUT_AFTER)
-        self._link(host, "down")
+        if kill != "silent":
+            self._link(host, "down")
         return at
 
     def end_lost_host(self, host):
@@ -150,15 +157,30 @@ def recovery(out, survivors, killed_at):
     return found
 
 
+def why_ended(out):
+    """The line of a job's output that says why it ended without survivors."""
+    for marker in ("lost communication with a remote daemon", "could not form a communicator",
+                   "collectives: rank", "daemon failed"):
+        for line in out.splitlines():
+            if marker in line:
+                return line.strip()[:200]
+    return "(no reason printed)"
+
+
 def run_once(mpiexec, hosts=3, algorithm="ring", kill="ranks", after=10, env=()):
     """(exit status or None, output, seconds from the kill to the job's end, recovery per survivor)."""
-    job = Job(mpiexec, hosts, {"ALGO": algorithm, "AFTER": str(after), **dict(env)})
+    env = dict(env)
+    if kill == "silent":  # Open MPI's heartbeat failure detector (off by default)
+        env.update(OMPI_MCA_mpi_ft_detector="true", OMPI_MCA_mpi_ft_detector_period="0.5",
+                   OMPI_MCA_mpi_ft_detector_timeout="2")
+    job = Job(mpiexec, hosts, {"ALGO": algorithm, "AFTER": str(after), **env})
     if not job.wait_for(r"HOSTS-STARTED rank \d", hosts):
         return job.finish(10), job.out, None, {}
     killed_at = job.lose(1, kill)
     if kill == "ranks":
         job.wait_for(r"HOSTS-OK rank \d", hosts - 1, timeout=60)
-        job.end_lost_host(1)
+        if job.proc.poll() is None:  # not ended already (by Open MPI's runtime)
+            job.end_lost_host(1)
     code = job.finish(60)
     ended = time.monotonic() - killed_at
     return code, job.out, ended, recovery(job.out, [r for r in range(hosts) if r != 1], killed_at)
@@ -170,8 +192,10 @@ def main(argv=None):
     p.add_argument("--hosts", type=int, default=3)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--algorithm", default="ring")
-    p.add_argument("--kill", choices=("ranks", "host"), default="ranks")
+    p.add_argument("--kill", choices=("ranks", "host", "silent"), default="ranks")
     p.add_argument("--out", help="a folder for each run's output")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set for the job (Open MPI's PRTE_MCA_*/OMPI_MCA_* parameters, the job's AFTER, COUNT)")
     args = p.parse_args(argv)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -179,13 +203,15 @@ def main(argv=None):
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
     print("run rank exit ended " + " ".join(PHASES) + " repeat ahead")
     for run in range(args.runs):
-        code, out, ended, found = run_once(args.mpiexec, args.hosts, args.algorithm, args.kill)
+        env = dict(item.split("=", 1) for item in args.env)
+        after = int(env.pop("AFTER", "10"))
+        code, out, ended, found = run_once(args.mpiexec, args.hosts, args.algorithm, args.kill, after, env)
         if args.out:
             with open(os.path.join(args.out, f"run{run}.log"), "w") as log:
                 log.write(out)
         ended = f"{ended:.2f}" if ended is not None else "-"
         if not found:
-            print(f"{run} - {code} {ended} no survivor went on")
+            print(f"{run} - {code} {ended} no survivor went on: {why_ended(out)}")
         for rank, r in sorted(found.items()):
             print(f"{run} {rank} {code} {ended} " + " ".join(f"{r[k]:.4f}" for k in PHASES)
                   + f" {r['repeat']} {r['ahead']}", flush=True)

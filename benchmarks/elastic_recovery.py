@@ -5,8 +5,9 @@
 
 The last rank exits after a first all-reduce; each survivor's next all-reduce finds the loss.
 Printed per survivor: detection (call start to the start of recovery), revoke, shrink (the new
-communicator), agreement on the lost set, the RanksLost raised, and the first call on the
-survivors (which includes wrapping the new communicator). Seconds.
+communicator), agreement on the lost set, agreement on the call to repeat (``calls``), the
+RanksLost raised, and the first call on the survivors (which includes wrapping the new
+communicator). Seconds.
 """
 import argparse
 import os
@@ -37,15 +38,16 @@ def main():
     except collectives.RanksLost as error:
         raised = time.monotonic() - start
         t = error.timings
-        comm = error.survivors
+        comm, completed, ahead = error.survivors, error.completed, error.ahead
     again = time.monotonic()
     y = collectives.allreduce(x, algorithm=args.algorithm, comm=comm)
     first = time.monotonic() - again
     assert y[0] == size - 1
-    recovery = t["agree"]
+    recovery = t["calls"]
     print(f"ELASTIC-RECOVERY rank {rank}: detect {raised - recovery:.4f} revoke {t['revoke']:.4f} "
-          f"shrink {t['shrink'] - t['revoke']:.4f} agree {t['agree'] - t['shrink']:.4f} raised {raised:.4f} "
-          f"first_call {first:.4f}", flush=True)
+          f"shrink {t['shrink'] - t['revoke']:.4f} agree {t['agree'] - t['shrink']:.4f} "
+          f"calls {t['calls'] - t['agree']:.4f} raised {raised:.4f} first_call {first:.4f} "
+          f"completed {completed} ahead {ahead}", flush=True)
     comm.Barrier()
     time.sleep(2.0)  # a rank that leaves while a peer still finishes the barrier looks failed to it
     os._exit(0)  # MPI_Finalize after a loss can hang under Open MPI 5.0.11 (docs/reliability.md)
