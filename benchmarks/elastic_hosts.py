@@ -11,12 +11,12 @@ until every rank has made its first calls, then loses host 1:
 - ``--kill ranks`` (default): its ranks are killed (SIGKILL); Open MPI's daemon on the host
   stays and reports their end to ``mpiexec``; 0.3 s later the host's link is cut. The other
   hosts' ranks raise RanksLost, repeat the call it names, and make their calls to the end. To
-  end the job, the test then kills the daemon too and brings the link back up, so that
+  end the job, the driver then kills the daemon too and brings the link back up, so that
   ``mpiexec`` learns the daemon is gone (on a real cluster TCP keepalive tells it, after
   ``oob_tcp_keepalive_time``).
-- ``--kill host``: every process of the host, Open MPI's daemon included, is killed and its link
-  cut. Open MPI 5.0.11's runtime ends the whole job when it loses a daemon (docs/clusters.md):
-  this measures how soon.
+- ``--kill host``: every process of the host, Open MPI's daemon included, is killed and, once
+  they have exited (their connections reset), its link cut. Open MPI 5.0.11's runtime ends the
+  whole job when it loses a daemon (docs/clusters.md): this measures how soon.
 - ``--kill silent``: the host's link is cut first, then every process of it killed: a crash
   nothing reports. Open MPI's heartbeat detector is on (``mpi_ft_detector``, every 0.5 s, a
   peer silent for 2 s is failed); what the survivors then do is printed.
@@ -95,6 +95,8 @@ class Job:
         if kill == "silent":
             self._link(host, "down")
         _kill(pids)
+        if kill != "silent":  # their sockets closed (a killed host's connections reset), then the cut
+            _wait_gone(pids)
         if kill == "ranks":
             time.sleep(CUT_AFTER)
         if kill != "silent":
@@ -128,6 +130,20 @@ def _is_rank(pid):
             return JOB.encode() in cmdline.read()
     except OSError:
         return False
+
+
+def _wait_gone(pids, limit=5.0):
+    """Wait until every process of ``pids`` has exited (gone, or a zombie: its files closed)."""
+    deadline = time.monotonic() + limit
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            time.sleep(0.005)
 
 
 def _kill(pids):
