@@ -244,14 +244,14 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
     if compression is not None or residual is not None or compression_scope != "across_hosts" \
             or _compression_env("COLLECTIVES_COMPRESSION"):
         return call(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual)
-    if isinstance(comm, Communicator):
-        ours = comm
-    else:  # an mpi4py communicator or None: the resolution memo, else the wrapper's lookup
-        memo = _resolved
-        ours = memo[1] if memo[0] is comm and memo[1] is not None else resolve(comm)
+    memo = _resolved  # an mpi4py communicator or None seen last: (it, ours, our session)
+    if memo[0] is comm:
+        ours, session = memo[1], memo[2]
+    else:
+        ours = comm if isinstance(comm, Communicator) else resolve(comm)
+        session = ours.session
     shape = options_key(options) if options else ()
     if shape is not None and _no_overrides():
-        session = ours.session
         last = session.last
         # the shortest path: the same buffers as the previous call
         if last is not None and sendbuf is last[0] and recvbuf is last[1] and algorithm == last[2] \
@@ -346,7 +346,9 @@ def options_key(options):
     return shape
 
 
-_resolved = (None, None)  # (the last communicator argument that was not ours, our communicator for it), replaced whole
+_NOTHING = object()  # matches no communicator argument
+# (the last communicator argument that was not ours, our communicator for it, its session), replaced whole
+_resolved = (_NOTHING, None, None)
 
 
 def resolve(comm):
@@ -355,10 +357,10 @@ def resolve(comm):
     if isinstance(comm, Communicator):
         return comm
     memo = _resolved
-    if memo[0] is comm and memo[1] is not None:
+    if memo[0] is comm:
         return memo[1]
     ours = usable(comm)
-    _resolved = (comm, ours)
+    _resolved = (comm, ours, ours.session)
     return ours
 
 
@@ -366,4 +368,4 @@ def forget_resolved(comm):
     """``comm`` (ours) is being released: the resolution memo must not hand it out again."""
     global _resolved
     if _resolved[1] is comm:
-        _resolved = (None, None)
+        _resolved = (_NOTHING, None, None)
