@@ -130,8 +130,8 @@ class MPIComm(Communicator):
                 check_received(r.peer, r.nbytes, status.Get_count(MPI.BYTE), what)
 
     def _poll(self, requests, mpi_reqs, statuses, limit, what):
-        peers = [(r.peer, r.tag if r.is_recv else None, r.is_recv) for r in requests]
-        _steps.poll(mpi_reqs, statuses, peers, limit, what, self if self.signed else None)
+        _steps.poll(mpi_reqs, statuses, lambda: [(r.peer, r.tag if r.is_recv else None, r.is_recv) for r in requests],
+                    limit, what, self if self.signed else None)
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, sendtag=0, recvtag=None):
         recvtag = sendtag if recvtag is None else recvtag

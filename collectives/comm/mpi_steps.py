@@ -115,14 +115,15 @@ def process_failure(exc, what, peers, statuses=()):
 def poll_step(reqs, statuses, recvs, sends, limit, what, prober=None, tag=0):
     """Poll a prepared or posted step (``recvs`` then ``sends``, as ``reqs`` holds them) to the
     deadline; ``prober`` (the communicator, where calls are signed) judges foreign messages."""
-    peers = [(peer, tag, True) for peer, _, _ in recvs] + [(peer, None, False) for peer, _, _ in sends]
-    poll(reqs, statuses, peers, limit, what, prober)
+    poll(reqs, statuses, lambda: [(peer, tag, True) for peer, _, _ in recvs] + [(peer, None, False) for peer, _, _ in sends],
+         limit, what, prober)
 
 
 def poll(reqs, statuses, peers, limit, what, prober=None):
     """Poll ``reqs`` until all complete, bounded by ``limit`` seconds (CollectiveTimeout naming
     the ranks not heard from). ``peers[i]``: (peer, tag, is_recv) of ``reqs[i]``; a receive whose
-    tag is None is never judged.
+    tag is None is never judged. ``peers`` may be a function that makes that list: it is called
+    only once the wait runs long enough to judge or time out (most waits end sooner).
 
     Every ``_PROBE_AFTER`` the open receives are judged: where a message of another call from
     the same peer waits unmatched here, the receive is cancelled. The cancel succeeds only if
@@ -142,8 +143,12 @@ def poll(reqs, statuses, peers, limit, what, prober=None):
         now = time.monotonic()
         if prober is not None and now > probe_at:
             probe_at = now + _PROBE_AFTER
+            if callable(peers):
+                peers = peers()
             _judge(reqs, peers, prober, done, cancelled, what)
         if now - start > limit:
+            if callable(peers):
+                peers = peers()
             # Test() is true for a request that is done (or, persistent, inactive)
             still_open = [not req.Test() for req in reqs]
             pending = sorted({peer for (peer, _, _), waiting in zip(peers, still_open) if waiting})
