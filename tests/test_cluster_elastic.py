@@ -5,7 +5,8 @@ benchmarks/elastic_hosts.py). In the middle of an all-reduce loop:
 - host 1's ranks are killed and its link cut: the other hosts' ranks raise RanksLost, agree on
   the call to repeat, and finish calls whose results equal MPI_Allreduce on the survivors;
 - host 1 is killed whole (Open MPI's daemon too): Open MPI 5.0.11's runtime ends the job, soon
-  and with nothing left behind (the limit docs/clusters.md states).
+  and with nothing left behind (the limit docs/clusters.md states), with ``--enable-recovery``
+  too (docs/clusters.md lists the launch options tried).
 
 The recovery's phases are printed (``-s`` shows them). Needs root, network namespaces and the Open
 MPI test environment (tests/mpi_envs.py): elsewhere every test here skips naming which is missing.
@@ -71,10 +72,12 @@ def test_a_host_s_ranks_killed_and_its_link_cut_the_other_hosts_go_on(algorithm)
         print(f"RECOVERY {algorithm} rank {rank}: " + " ".join(f"{k} {r[k]:.4f}" for k in elastic_hosts.PHASES))
 
 
-def test_a_host_killed_whole_ends_the_job_under_open_mpi_5():
-    # Open MPI 5.0.11's runtime (PRRTE 3.0.11) ends the whole job when it loses a daemon: the
-    # limit docs/clusters.md states; here the job must end soon, with no survivor going on
-    code, out, ended, found = elastic_hosts.run_once(MPIEXEC, 3, "ring", kill="host")
+@pytest.mark.parametrize("env", [{}, {"PRTE_MCA_state_base_recoverable": "1"}], ids=["ulfm", "enable_recovery"])
+def test_a_host_killed_whole_ends_the_job_under_open_mpi_5(env):
+    # Open MPI 5.0.11's runtime (PRRTE 3.0.11) ends the whole job when it loses a daemon, whatever
+    # the launch options (--enable-recovery is the one a user would try first): the limit
+    # docs/clusters.md states; here the job must end soon, with no survivor going on
+    code, out, ended, found = elastic_hosts.run_once(MPIEXEC, 3, "ring", kill="host", env=env)
     assert ended is not None and ended < 30, f"the job took {ended} s to end\n{out}"
     assert code is not None, out
     assert "HOSTS-OK" not in out, out
