@@ -9,17 +9,18 @@ import re
 import statistics
 import sys
 
-rows, library = {}, None
+rows, paired, library, round_ = {}, {}, None, None
 for line in open(sys.argv[1]):
-    head = re.match(r"== (mpich|openmpi) (\w+) n=(\d)", line)
+    head = re.match(r"== (mpich|openmpi) (\w+) n=(\d)(?: round (\d+))?", line)
     if head:
-        library = head.group(1)
+        library, round_ = head.group(1), head.group(4)
         continue
     m = re.match(r"(\w+) n=(\d)\s+(\d+) native\s+([\d.]+)\s+([\d.]+)\s+auto\s+([\d.]+)\s+([\d.]+)", line)
     if m and library:
         tree, n, size = m.group(1), int(m.group(2)), int(m.group(3))
         ratios = (float(m.group(6)) / float(m.group(4)), float(m.group(7)) / float(m.group(5)))
         rows.setdefault((library, n, size), {}).setdefault(tree, []).append(ratios)
+        paired.setdefault((library, n, size), {}).setdefault(round_, {})[tree] = ratios
 print("auto / native in the same run; new/old: the new tree's over the old tree's")
 print(f"{'library':8} {'n':>2} {'bytes':>9} {'old oop':>9} {'new oop':>9} {'new/old':>7} {'old ip':>9} {'new ip':>9} {'new/old':>7} rounds")
 for (library, n, size), trees in sorted(rows.items()):
@@ -30,3 +31,34 @@ for (library, n, size), trees in sorted(rows.items()):
     w = [statistics.median(v[k] for v in trees[new]) for k in (0, 1)]
     print(f"{library:8} {n:>2} {size:>9} {o[0]:9.2f} {w[0]:9.2f} {w[0] / o[0]:7.2f} {o[1]:9.2f} {w[1]:9.2f} {w[1] / o[1]:7.2f} "
           f"{len(trees['old'])}/{len(trees[new])}")
+
+# paired: new over old within each round (the two runs of a round sit side by side in time, so a
+# machine state that holds for minutes touches both), median over rounds
+if any(len(v) > 1 for v in paired.values()):
+    print("\npaired: median over rounds of (new auto/native) / (old auto/native) within the round")
+    print(f"{'library':8} {'n':>2} {'bytes':>9} {'oop':>6} {'ip':>6}  rounds (oop)")
+    for (library, n, size), by_round in sorted(paired.items()):
+        pairs = [(v["old"], next(r for t, r in v.items() if t != "old")) for v in by_round.values() if len(v) == 2]
+        if not pairs:
+            continue
+        oop = [new[0] / old[0] for old, new in pairs]
+        ip = [new[1] / old[1] for old, new in pairs]
+        print(f"{library:8} {n:>2} {size:>9} {statistics.median(oop):6.2f} {statistics.median(ip):6.2f}  "
+              + " ".join(f"{x:.2f}" for x in oop))
+
+# small_floor: the library's own work per call at 8 B (allreduce auto minus the raw persistent
+# exchange, minimum of the run's batches), per library and tree: every round, then the median
+floors, tree, library = {}, None, None
+for line in open(sys.argv[1]):
+    head = re.match(r"== floor (mpich|openmpi) (\w+) round", line)
+    if head:
+        library, tree = head.group(1), head.group(2)
+        continue
+    m = re.match(r"8 B: native .*persistent exchange ([\d.]+) / [\d.]+, allreduce auto ([\d.]+) /", line)
+    if m and tree:
+        floors.setdefault((library, tree), []).append(float(m.group(2)) - float(m.group(1)))
+        tree = None
+if floors:
+    print("\nsmall_floor 8 B, n=2: allreduce auto - persistent exchange (us, minimum of each run's batches)")
+    for (library, tree), own in sorted(floors.items()):
+        print(f"{library:8} {tree:5} median {statistics.median(own):5.2f}  rounds " + " ".join(f"{x:.2f}" for x in own))
