@@ -13,9 +13,8 @@ from .comm.base import Communicator
 from .comm.shm_call import ShmRoute
 from .check import agree
 from .errors import CollectiveError
-from .executor import BoundProgram, Program, run
+from .executor import BoundProgram, Program, execute
 from .ops import check_op_dtype
-from .plan import NCHANNELS
 
 _op_checks = {}  # (op, dtype, backend) -> ufunc: the same for every communicator and thread
 
@@ -100,9 +99,8 @@ def execute_plan(plan, comm, backend, flat_in, flat_out, reduce_fn, final_fn, wh
     """Run ``plan`` on contiguous 1-D buffers in the step loop, its messages carried by
     ``transport`` (a ``bind_call``: ``comm`` itself where None; a ShmRoute over shared memory)."""
     tmp = comm.session.scratch_buffer(backend, flat_out.dtype, plan.tmp_count)
-    tag = (comm.next_tag() if signature is None else comm.call_tag(signature)) * NCHANNELS
     sync = backend.synchronize if backend.is_device else None
-    run((transport or comm).bind_call(plan, (flat_in, flat_out, tmp), reduce_fn, final_fn, what, tag, sync=sync))
+    execute(plan, comm, flat_in, flat_out, tmp, reduce_fn, final_fn, what, sync, signature, transport)
 
 
 # Messages up to PROGRAM_MAX_BYTES run as prepared programs where the transport has them (MPI);

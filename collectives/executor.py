@@ -75,13 +75,14 @@ def _copy(dst, src):
     dst[...] = src
 
 
-def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=None, signature=None):
+def execute(plan, comm, inbuf, outbuf, tmpbuf, reduce_fn, final_fn, what, sync=None, signature=None, transport=None):
     """Run ``plan`` once on ``comm`` with ``inbuf``/``outbuf``/``tmpbuf`` bound to IN/OUT/TMP
     (``actions`` has the arguments). ``signature`` (a string naming the call, algorithm, op,
     dtype, count, root and options) picks the call's tags (``comm.call_tag``): ranks that
-    disagree on any of it never match each other's messages; None: ``comm.next_tag()``."""
+    disagree on any of it never match each other's messages; None: ``comm.next_tag()``.
+    ``transport`` binds the call (``bind_call``) where it is not ``comm`` itself (a ShmRoute)."""
     tag = (comm.next_tag() if signature is None else comm.call_tag(signature)) * NCHANNELS
-    run(comm.bind_call(plan, (inbuf, outbuf, tmpbuf), reduce_fn, final_fn, what, tag, sync=sync))
+    run((transport or comm).bind_call(plan, (inbuf, outbuf, tmpbuf), reduce_fn, final_fn, what, tag, sync=sync))
 
 
 _KEYWORD_OUT = {np.maximum, np.minimum}  # NumPy deprecates a positional out= for these two
