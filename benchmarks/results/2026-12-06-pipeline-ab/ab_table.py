@@ -9,11 +9,15 @@ import re
 import statistics
 import sys
 
-rows, paired, library, round_ = {}, {}, None, None
+# one pass: "== LIB TREE n=N round R" heads auto_ab.py's rows, "== floor LIB TREE round R" heads
+# small_floor's line (the library's own work per call at 8 B: allreduce auto minus the raw
+# persistent exchange, minimum of the run's batches)
+rows, paired, floors, library, round_, floor_tree = {}, {}, {}, None, None, None
 for line in open(sys.argv[1]):
-    head = re.match(r"== (mpich|openmpi) (\w+) n=(\d)(?: round (\d+))?", line)
+    head = re.match(r"== (floor )?(mpich|openmpi) (\w+)(?: n=\d)?(?: round (\d+))?", line)
     if head:
-        library, round_ = head.group(1), head.group(4)
+        library, round_ = head.group(2), head.group(4)
+        floor_tree = head.group(3) if head.group(1) else None
         continue
     m = re.match(r"(\w+) n=(\d)\s+(\d+) native\s+([\d.]+)\s+([\d.]+)\s+auto\s+([\d.]+)\s+([\d.]+)", line)
     if m and library:
@@ -21,6 +25,10 @@ for line in open(sys.argv[1]):
         ratios = (float(m.group(6)) / float(m.group(4)), float(m.group(7)) / float(m.group(5)))
         rows.setdefault((library, n, size), {}).setdefault(tree, []).append(ratios)
         paired.setdefault((library, n, size), {}).setdefault(round_, {})[tree] = ratios
+    m = re.match(r"8 B: native .*persistent exchange ([\d.]+) / [\d.]+, allreduce auto ([\d.]+) /", line)
+    if m and floor_tree:
+        floors.setdefault((library, floor_tree), []).append(float(m.group(2)) - float(m.group(1)))
+        floor_tree = None
 print("auto / native in the same run; new/old: the new tree's over the old tree's")
 print(f"{'library':8} {'n':>2} {'bytes':>9} {'old oop':>9} {'new oop':>9} {'new/old':>7} {'old ip':>9} {'new ip':>9} {'new/old':>7} rounds")
 for (library, n, size), trees in sorted(rows.items()):
@@ -46,18 +54,6 @@ if any(len(v) > 1 for v in paired.values()):
         print(f"{library:8} {n:>2} {size:>9} {statistics.median(oop):6.2f} {statistics.median(ip):6.2f}  "
               + " ".join(f"{x:.2f}" for x in oop))
 
-# small_floor: the library's own work per call at 8 B (allreduce auto minus the raw persistent
-# exchange, minimum of the run's batches), per library and tree: every round, then the median
-floors, tree, library = {}, None, None
-for line in open(sys.argv[1]):
-    head = re.match(r"== floor (mpich|openmpi) (\w+) round", line)
-    if head:
-        library, tree = head.group(1), head.group(2)
-        continue
-    m = re.match(r"8 B: native .*persistent exchange ([\d.]+) / [\d.]+, allreduce auto ([\d.]+) /", line)
-    if m and tree:
-        floors.setdefault((library, tree), []).append(float(m.group(2)) - float(m.group(1)))
-        tree = None
 if floors:
     print("\nsmall_floor 8 B, n=2: allreduce auto - persistent exchange (us, minimum of each run's batches)")
     for (library, tree), own in sorted(floors.items()):
