@@ -13,19 +13,20 @@ if os.name == "posix" and isinstance(_data, dict):
 else:  # pragma: no cover - other platforms
     def is_set(name):
         return name in os.environ
-_KEYS = {name: name.encode() for name in ("COLLECTIVES_ALGO", "COLLECTIVES_CHECK", "COLLECTIVES_TIMEOUT",
-                                           "COLLECTIVES_TRANSPORT")}
+_KEYS = {name: name.encode() for name in ("COLLECTIVES_ALGO", "COLLECTIVES_CHECK", "COLLECTIVES_COMPRESSION",
+                                           "COLLECTIVES_TIMEOUT", "COLLECTIVES_TRANSPORT")}
+_OVERRIDES = ("COLLECTIVES_ALGO", "COLLECTIVES_CHECK", "COLLECTIVES_COMPRESSION", "COLLECTIVES_TRANSPORT")
 
 
 if os.name == "posix" and isinstance(_data, dict):
     def no_overrides(_data=_data, _algo=_KEYS["COLLECTIVES_ALGO"], _check=_KEYS["COLLECTIVES_CHECK"],
-                     _transport=_KEYS["COLLECTIVES_TRANSPORT"]):
-        """None of COLLECTIVES_ALGO, COLLECTIVES_CHECK, COLLECTIVES_TRANSPORT is set: the calls'
-        short paths apply."""
-        return _algo not in _data and _check not in _data and _transport not in _data
+                     _compression=_KEYS["COLLECTIVES_COMPRESSION"], _transport=_KEYS["COLLECTIVES_TRANSPORT"]):
+        """None of COLLECTIVES_ALGO, COLLECTIVES_CHECK, COLLECTIVES_COMPRESSION,
+        COLLECTIVES_TRANSPORT is set: the calls' short paths apply."""
+        return _algo not in _data and _check not in _data and _compression not in _data and _transport not in _data
 else:  # pragma: no cover - other platforms
     def no_overrides():
-        return not any(k in os.environ for k in ("COLLECTIVES_ALGO", "COLLECTIVES_CHECK", "COLLECTIVES_TRANSPORT"))
+        return not any(k in os.environ for k in _OVERRIDES)
 _timeout_cache = [None, DEFAULT_TIMEOUT]
 
 

@@ -15,10 +15,13 @@ and first-use calibration (``call``, which never re-enters the public function).
 - **run**: ``Bound.run`` on the caller's buffers; a CollectiveError marks the communicator failed.
 
 The fast path is a cache the communicator's Session holds: ``session.shapes`` maps a repeated
-call's shape to its Bound, and ``session.last`` is the last call's buffers with its Bound (a tuple
-replaced whole). A communicator's collectives run on one thread at a time, as MPI requires, so
-threads calling on different communicators (the ranks of ``run_threaded``, user threads under
-MPI_THREAD_MULTIPLE) never share a cache entry.
+call's shape to its Bound, and ``session.last`` is the last call's buffers with the program bound
+to them and that binding (a tuple replaced whole, held until a later call replaces it); a repeat
+runs the binding in the step loop while the program still holds it. The fast path applies only
+where no environment variable overrides the call (``config.no_overrides``). A communicator's
+collectives run on one thread at a time, as MPI requires, so threads calling on different
+communicators (the ranks of ``run_threaded``, user threads under MPI_THREAD_MULTIPLE) never share
+a cache entry.
 """
 
 import numpy as np
@@ -28,6 +31,7 @@ from . import config
 from .backend import NUMPY, backend_for
 from .comm.base import Communicator
 from .errors import CollectiveError
+from .executor import run
 from .ops import check_op_dtype
 from . import select
 from .calls import (as_array, execute_plan, failed, maybe_check, program_for, shm_transport, signature, ufuncs,
@@ -242,7 +246,10 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
     the rounding dropped, for the next call (error feedback). See collectives/compression.py.
     """
     if compression is not None or residual is not None or compression_scope != "across_hosts" \
-            or _compression_env("COLLECTIVES_COMPRESSION"):
+            or not _no_overrides():  # no fast path: compression, or an environment override
+        if compression is None and residual is None and compression_scope == "across_hosts" \
+                and not _compression_env("COLLECTIVES_COMPRESSION"):
+            return call(sendbuf, recvbuf, op, algorithm, comm, options, shape=options_key(options))
         return call(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual)
     memo = _resolved  # an mpi4py communicator or None seen last: (it, ours, our session)
     if memo[0] is comm:
@@ -251,15 +258,15 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
         ours = comm if isinstance(comm, Communicator) else resolve(comm)
         session = ours.session
     shape = options_key(options) if options else ()
-    if shape is not None and _no_overrides():
+    if shape is not None:
         last = session.last
-        # the shortest path: the same buffers as the previous call
+        # the shortest path: the same buffers as the previous call, still bound to its program
         if last is not None and sendbuf is last[0] and recvbuf is last[1] and algorithm == last[2] \
-                and op == last[3] and shape == last[4] and sendbuf.dtype is last[5]:
+                and op == last[3] and shape == last[4] and sendbuf.dtype is last[5] and last[6].bound is last[7]:
             try:
-                last[6](last[7], last[8])
+                run(last[7][2])
             except CollectiveError as exc:
-                failed(ours, last[9], exc)
+                failed(ours, last[8], exc)
                 raise
             next(session.calls)  # RanksLost.completed counts the caller's calls that returned
             return recvbuf
@@ -294,9 +301,11 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
                 except CollectiveError as exc:
                     failed(ours, bound.what, exc)
                     raise
-                if result is recvbuf:  # remember the buffers (held until the next call)
-                    session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, bound.runner, source, out,
-                                    bound.what)
+                if result is recvbuf and bound.shaped:  # a program bound to these buffers: remember them
+                    binding = bound.runner.bound  # (sendbuf, recvbuf, actions) once a pair repeats
+                    if binding is not None and binding[0] is sendbuf and binding[1] is recvbuf:
+                        session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, bound.runner, binding,
+                                        bound.what)
                 next(session.calls)
                 return result
     return call(sendbuf, recvbuf, op, algorithm, ours, options, shape=shape)

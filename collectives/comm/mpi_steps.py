@@ -209,10 +209,9 @@ class _PreparedStep:
         try:
             _startall(reqs)
             if self.pair and (_testall(reqs, statuses) or _testall(reqs, statuses) or _testall(reqs, statuses)):
-                _, peer, nbytes = self.sizes[0]
-                got = statuses[0].Get_count(_BYTE)
-                if got != nbytes:
-                    check_received(peer, nbytes, got, self.what)
+                if statuses[0].Get_count(_BYTE) != self.sizes[0][2]:
+                    _, peer, nbytes = self.sizes[0]
+                    check_received(peer, nbytes, statuses[0].Get_count(_BYTE), self.what)
                 return
             for _ in range(_QUICK_SPINS):
                 if _testall(reqs, statuses):

@@ -251,3 +251,31 @@ def test_calls_alternating_between_two_shapes_each_run_bound(comm, monkeypatch, 
         if not np.allclose(recv, expected, rtol=1e-5, atol=1e-5) or not bitwise_alike(WORLD, recv):
             ok, why = False, f"{x.size} elements: wrong or differing result"
     agree(ok, why)
+
+
+def test_the_shortest_path_runs_only_the_binding_its_program_holds(comm, monkeypatch):
+    """``session.last`` keeps the last pair's binding; once the program binds another pair (here
+    through the pipeline's full path, which does not record it), a call on the first pair must
+    go back through the program, never rerun the binding the program dropped."""
+    from collectives import pipeline
+
+    monkeypatch.setenv("COLLECTIVES_TIMEOUT", "30")
+    shortest = []
+    real_run = pipeline.run
+    monkeypatch.setattr(pipeline, "run", lambda actions: (shortest.append(actions), real_run(actions)))
+    x, other = data(64, seed=1), data(64, seed=2)
+    recv, other_recv = np.empty_like(x), np.empty_like(x)
+    for _ in range(3):  # the second call binds, the third takes the shortest path
+        collectives.allreduce(x, recv, comm=comm, algorithm="ring")
+    ok, why = len(shortest) == 1, f"the shortest path ran {len(shortest)} times in 3 calls (expected 1)"
+    for _ in range(2):  # the same program binds the other pair; session.last still names the first
+        pipeline.call(other, other_recv, "sum", "ring", comm, {}, shape=None)
+    x[...] = data(64, seed=3)
+    collectives.allreduce(x, recv, comm=comm, algorithm="ring")
+    if ok and len(shortest) != 1:
+        ok, why = False, "a call ran the binding its program had dropped"
+    expected = np.empty_like(x)
+    WORLD.Allreduce(x, expected, op=MPI.SUM)
+    if ok and not (np.allclose(recv, expected, rtol=1e-5, atol=1e-5) and bitwise_alike(WORLD, recv)):
+        ok, why = False, "wrong or differing result"
+    agree(ok, why)
