@@ -7,7 +7,8 @@ Each host is a Linux network namespace with its own host name, SysV IPC and a pr
 shapes every host's link in both directions (tbf: ``500M`` is 500 Mbit/s; small packets such as
 TCP's ACKs go ahead of bulk data in its queue; no delay emulation).
 PROGRAM runs under MPICH's ``mpiexec`` (Hydra), or Open MPI's with ``--mpi openmpi`` (``--ft``:
-with ULFM; benchmarks/cluster_openmpi.py), with K ranks per host, in rank order host by host
+with ULFM; ``--launcher``: another PRRTE's ``prterun`` for Open MPI's ranks;
+benchmarks/cluster_openmpi.py), with K ranks per host, in rank order host by host
 (K may be a comma list, one count per host: ``--hosts 3 --ranks-per-host 2,1,2``). Ranks of one
 host talk through shared memory, ranks of different hosts over TCP on the links (UCX, every
 message eagerly: ``UCX_RNDV_THRESH=inf`` unless the environment sets it), so MPI (and the
@@ -291,17 +292,18 @@ exec ip netns exec "$ns" unshare --uts --ipc --mount --propagation private \\
             self.launcher = os.path.join(self.workdir, "openmpi-agent")
             cluster_openmpi.write_agent(self.launcher, self.addresses, self.hosts)
 
-    def command(self, program, mpiexec=None):
+    def command(self, program, mpiexec=None, launcher=None):
         mpiexec = mpiexec or _mpiexec()
         if self.mpi == "openmpi":
             return cluster_openmpi.command(mpiexec, self.launcher, self.addresses, self.ranks, self.subnet, program,
-                                           self.ft)
+                                           self.ft, launcher)
         hosts = ",".join(f"{address}:{count}" for address, count in zip(self.addresses, self.ranks))
         return [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher, "-localhost", self.gateway,
                 "-hosts", hosts, "-n", str(sum(self.ranks)), *program]
 
-    def run(self, program, timeout=None, mpiexec=None, env=None):
-        """Run ``program`` (a list) across the hosts; its exit status (124 past ``timeout``)."""
+    def run(self, program, timeout=None, mpiexec=None, env=None, launcher=None):
+        """Run ``program`` (a list) across the hosts; its exit status (124 past ``timeout``).
+        ``launcher``: Open MPI only, a PRRTE ``prterun`` to launch with instead of ``mpiexec``."""
         full_env = dict(os.environ if env is None else env)
         full_env[RUN_VARIABLE] = self.run_id
         full_env.setdefault("UCX_NET_DEVICES", "eth0")  # traffic between hosts crosses the links
@@ -309,8 +311,9 @@ exec ip netns exec "$ns" unshare --uts --ipc --mount --propagation private \\
         # another's whole transfer (docs/performance.md#emulated-cluster)
         full_env.setdefault("UCX_RNDV_THRESH", "inf")
         if self.mpi == "openmpi":
-            full_env = cluster_openmpi.environment(full_env, mpiexec or _mpiexec(), os.path.join(self.workdir, "tmp"))
-        proc = subprocess.Popen(self.command(program, mpiexec), env=full_env)
+            full_env = cluster_openmpi.environment(full_env, mpiexec or _mpiexec(), os.path.join(self.workdir, "tmp"),
+                                                   launcher)
+        proc = subprocess.Popen(self.command(program, mpiexec, launcher), env=full_env)
         start = time.monotonic()
         empty_since = None
         try:
@@ -404,6 +407,8 @@ def main(argv=None):
                    "(default) or Open MPI's (PRRTE)")
     p.add_argument("--ft", action="store_true", help="Open MPI: launch with ULFM (--with-ft ulfm --mca pml ob1 "
                    "--mca btl tcp,self), as COLLECTIVES_ON_ERROR=shrink needs")
+    p.add_argument("--launcher", metavar="PRTERUN", help="Open MPI: launch with this PRRTE prterun (with Open MPI's "
+                   "personality) instead of --mpiexec, whose ranks and Python it still runs (docs/clusters.md)")
     p.add_argument("--cleanup", action="store_true", help="only remove what runs killed with SIGKILL left")
     args = p.parse_args(argv)
     if args.cleanup:
@@ -418,6 +423,8 @@ def main(argv=None):
         p.error("--hosts must be at least 1")
     if args.ft and args.mpi != "openmpi":
         p.error("--ft is Open MPI's ULFM launch: give --mpi openmpi too")
+    if args.launcher and args.mpi != "openmpi":
+        p.error("--launcher is a PRRTE prterun for Open MPI's ranks: give --mpi openmpi too")
     if not program:
         p.error("no program: put it after --, e.g. -- python -m benchmarks.allreduce_perf -b 1M -e 16M")
     try:
@@ -435,7 +442,7 @@ def main(argv=None):
         signal.signal(signum, _raise_on_signal)
     try:
         with Cluster(ranks, rate, args.mpi, args.ft) as cluster:
-            return cluster.run(program, timeout=args.timeout, mpiexec=args.mpiexec)
+            return cluster.run(program, timeout=args.timeout, mpiexec=args.mpiexec, launcher=args.launcher)
     except KeyboardInterrupt:
         print("benchmarks.cluster: interrupted; torn down", file=sys.stderr)
         return 130

@@ -14,6 +14,12 @@ need not reach the others' namespaces), the runtime's own connections and the TC
 are kept to the cluster's subnet (``oob_tcp_if_include``, ``btl_tcp_if_include``: the only
 interface a host has besides loopback is its link, and ``mpiexec`` sits on the bridge).
 ``--ft`` adds the launch ULFM needs (COLLECTIVES_ON_ERROR=shrink, docs/reliability.md).
+
+``--launcher PRTERUN`` launches with another PRRTE's ``prterun`` (PRRTE's main branch, which
+survives a lost daemon: benchmarks/build_prrte_main.sh) instead of Open MPI's own ``mpiexec``,
+with Open MPI's personality (``--personality ompi``: the same options and ``--with-ft ulfm``
+directives); the ranks are still Open MPI's (the Python beside ``--mpiexec``), found through
+``OPAL_PREFIX``, and each host runs that PRRTE's ``prted``.
 """
 import os
 
@@ -44,24 +50,36 @@ exit $status
     os.chmod(path, 0o700)
 
 
-def command(mpiexec, agent, addresses, ranks, subnet, program, ft=False):
-    """The ``mpiexec`` command line that runs ``program`` with ``ranks[i]`` ranks on host i."""
+def command(mpiexec, agent, addresses, ranks, subnet, program, ft=False, launcher=None):
+    """The ``mpiexec`` command line that runs ``program`` with ``ranks[i]`` ranks on host i
+    (``launcher``: a PRRTE ``prterun`` in its place, with Open MPI's personality)."""
     hosts = ",".join(f"{address}:{count}" for address, count in zip(addresses, ranks))
-    return [mpiexec, "--host", hosts, "-n", str(sum(ranks)),
+    start = [launcher, "--personality", "ompi"] if launcher else [mpiexec]
+    return [*start, "--host", hosts, "-n", str(sum(ranks)),
             "--prtemca", "plm_ssh_agent", agent, "--prtemca", "plm_ssh_no_tree_spawn", "1",
-            "--prtemca", "oob_tcp_if_include", subnet, "--mca", "btl_tcp_if_include", subnet,
+            # PRRTE's main branch names oob_tcp_if_include prte_if_include (and warns at each daemon)
+            "--prtemca", "prte_if_include" if launcher else "oob_tcp_if_include", subnet,
+            "--mca", "btl_tcp_if_include", subnet,
             *(FT_ARGS if ft else ()), *program]
 
 
-def environment(env, mpiexec, tmpdir):
+def environment(env, mpiexec, tmpdir, launcher=None):
     """``env`` for an Open MPI job: as root (the tool runs as root), with ``mpiexec``'s folder
     first on PATH so that each host's shell finds ``prted``, and TMPDIR ``tmpdir`` (the run's
     own, removed with it): the session directories of ``mpiexec`` and of a daemon that was
-    killed (``ompi.PID``, ``prted.PID``) would otherwise stay in /tmp."""
+    killed (``ompi.PID``, ``prted.PID``) would otherwise stay in /tmp. With ``launcher`` (another
+    PRRTE's ``prterun``), its folder goes first instead (its own ``prted``), and ``OPAL_PREFIX``
+    names Open MPI's installation (the folder above ``mpiexec``'s), which Open MPI's ``mpiexec``
+    wrapper would otherwise set for the ranks."""
     env = dict(env)
     os.makedirs(tmpdir, exist_ok=True)
     env["TMPDIR"] = tmpdir
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env["PATH"] = os.path.dirname(os.path.abspath(mpiexec)) + os.pathsep + env.get("PATH", "")
+    first = launcher or mpiexec
+    env["PATH"] = os.path.dirname(os.path.abspath(first)) + os.pathsep + env.get("PATH", "")
+    if launcher:
+        env.setdefault("OPAL_PREFIX", os.path.dirname(os.path.dirname(os.path.abspath(mpiexec))))
+        for name in ("PRTE_PREFIX", "PMIX_PREFIX"):  # Open MPI's own PRRTE and PMIx must not be looked for
+            env.pop(name, None)
     return env

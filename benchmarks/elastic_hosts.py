@@ -3,6 +3,7 @@ the other hosts take to go on (COLLECTIVES_ON_ERROR=shrink).
 
     python -m benchmarks.elastic_hosts --mpiexec OPENMPI/bin/mpiexec [--hosts 3] [--runs 5]
         [--algorithm ring] [--kill ranks|host|silent] [--env NAME=VALUE] [--out DIR]
+        [--launcher PRRTE/bin/prterun]
 
 Each run starts ``benchmarks/elastic_hosts_job.py`` on H hosts x 1 rank (``python -m
 benchmarks.cluster --mpi openmpi --ft``; the Python next to ``--mpiexec`` runs the ranks), waits
@@ -16,7 +17,8 @@ until every rank has made its first calls, then loses host 1:
   ``oob_tcp_keepalive_time``).
 - ``--kill host``: every process of the host, Open MPI's daemon included, is killed and, once
   they have exited (their connections reset), its link cut. Open MPI 5.0.11's runtime ends the
-  whole job when it loses a daemon (docs/clusters.md): this measures how soon.
+  whole job when it loses a daemon (docs/clusters.md): this measures how soon. Under PRRTE's
+  main branch (``--launcher``, below) the other hosts' ranks go on, as for ``--kill ranks``.
 - ``--kill silent``: the host's link is cut first, then every process of it killed: a crash
   nothing reports. Open MPI's heartbeat detector is on (``mpi_ft_detector``, every 0.5 s, a
   peer silent for 2 s is failed); what the survivors then do is printed.
@@ -24,7 +26,9 @@ until every rank has made its first calls, then loses host 1:
 Printed per survivor, seconds: detection (the kill to the start of recovery), revoke, shrink (the
 new communicator), agree (the lost set), calls (agreement on the call to repeat), raised (the
 kill to RanksLost) and first_call (the first call on the survivors). ``--out`` keeps each run's
-output there. Needs root and network namespaces (as benchmarks.cluster).
+output there. ``--launcher PRTERUN`` launches with that PRRTE ``prterun`` (PRRTE's main branch,
+built by benchmarks/build_prrte_main.sh) instead of Open MPI's ``mpiexec``, whose ranks it still
+runs (benchmarks.cluster ``--launcher``). Needs root and network namespaces (as benchmarks.cluster).
 """
 import argparse
 import ast
@@ -45,7 +49,7 @@ PHASES = ("detect", "revoke", "shrink", "agree", "calls", "raised", "first_call"
 class Job:
     """The cluster tool running the job on ``hosts`` hosts x 1 rank, its output read as it comes."""
 
-    def __init__(self, mpiexec, hosts, env=(), timeout=100):
+    def __init__(self, mpiexec, hosts, env=(), timeout=100, launcher=None):
         full = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT, COLLECTIVES_ON_ERROR="shrink",
                     COLLECTIVES_TIMEOUT="20", OMPI_MCA_osc="^ucx")
         full.update(env)
@@ -53,7 +57,8 @@ class Job:
             full.pop(key, None)
         python = os.path.join(os.path.dirname(mpiexec), "python")
         cmd = [sys.executable, "-m", "benchmarks.cluster", "--hosts", str(hosts), "--ranks-per-host", "1",
-               "--mpi", "openmpi", "--ft", "--mpiexec", mpiexec, "--timeout", str(timeout), "--", python, JOB]
+               "--mpi", "openmpi", "--ft", "--mpiexec", mpiexec, "--timeout", str(timeout),
+               *(("--launcher", launcher) if launcher else ()), "--", python, JOB]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, errors="replace")
         self.run_id = f"{self.proc.pid:x}"
@@ -183,13 +188,14 @@ def why_ended(out):
     return "(no reason printed)"
 
 
-def run_once(mpiexec, hosts=3, algorithm="ring", kill="ranks", after=10, env=()):
-    """(exit status or None, output, seconds from the kill to the job's end, recovery per survivor)."""
+def run_once(mpiexec, hosts=3, algorithm="ring", kill="ranks", after=10, env=(), launcher=None):
+    """(exit status or None, output, seconds from the kill to the job's end, recovery per survivor);
+    ``launcher``: a PRRTE ``prterun`` to launch with instead of ``mpiexec``."""
     env = dict(env)
     if kill == "silent":  # Open MPI's heartbeat failure detector (off by default)
         env.update(OMPI_MCA_mpi_ft_detector="true", OMPI_MCA_mpi_ft_detector_period="0.5",
                    OMPI_MCA_mpi_ft_detector_timeout="2")
-    job = Job(mpiexec, hosts, {"ALGO": algorithm, "AFTER": str(after), **env})
+    job = Job(mpiexec, hosts, {"ALGO": algorithm, "AFTER": str(after), **env}, launcher=launcher)
     if not job.wait_for(r"HOSTS-STARTED rank \d", hosts):
         return job.finish(10), job.out, None, {}
     killed_at = job.lose(1, kill)
@@ -210,18 +216,21 @@ def main(argv=None):
     p.add_argument("--algorithm", default="ring")
     p.add_argument("--kill", choices=("ranks", "host", "silent"), default="ranks")
     p.add_argument("--out", help="a folder for each run's output")
+    p.add_argument("--launcher", metavar="PRTERUN", help="launch with this PRRTE prterun (Open MPI's personality) "
+                   "instead of --mpiexec, whose ranks still run")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="set for the job (Open MPI's PRTE_MCA_*/OMPI_MCA_* parameters, the job's AFTER, COUNT)")
     args = p.parse_args(argv)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     print(f"# {args.hosts} hosts x 1 rank, {args.algorithm}, --kill {args.kill}; seconds; "
-          f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+          f"{time.strftime('%Y-%m-%d %H:%M:%S')}" + (f"; launcher {args.launcher}" if args.launcher else ""))
     print("run rank exit ended " + " ".join(PHASES) + " repeat ahead")
     for run in range(args.runs):
         env = dict(item.split("=", 1) for item in args.env)
         after = int(env.pop("AFTER", "10"))
-        code, out, ended, found = run_once(args.mpiexec, args.hosts, args.algorithm, args.kill, after, env)
+        code, out, ended, found = run_once(args.mpiexec, args.hosts, args.algorithm, args.kill, after, env,
+                                           args.launcher)
         if args.out:
             with open(os.path.join(args.out, f"run{run}.log"), "w") as log:
                 log.write(out)

