@@ -15,14 +15,17 @@ and first-use calibration (``call``, which never re-enters the public function).
 - **run**: ``Bound.run`` on the caller's buffers; a CollectiveError marks the communicator failed.
 
 The fast path is a cache the communicator's Session holds: ``session.shapes`` maps a repeated
-call's shape to its Bound, and ``session.last`` is the last call's buffers with the program bound
-to them and that binding (a tuple replaced whole, held until a later call replaces it); a repeat
-runs the binding in the step loop while the program still holds it. The fast path applies only
+call's shape to its Bound, and ``session.last`` is the last call's buffers with what runs on them:
+the program bound to them and that binding, or the runner on the buffers' views (a tuple replaced
+whole, held until a later call replaces it); a repeat runs the binding in the step loop while its
+holder still holds it. The fast path applies only
 where no environment variable overrides the call (``config.no_overrides``). A communicator's
 collectives run on one thread at a time, as MPI requires, so threads calling on different
 communicators (the ranks of ``run_threaded``, user threads under MPI_THREAD_MULTIPLE) never share
 a cache entry.
 """
+
+from functools import partial
 
 import numpy as np
 
@@ -220,6 +223,16 @@ def _bind(comm, call):
     return Bound(comm, _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, route, sig), what)
 
 
+class _Held:
+    """A runner's call on fixed buffers, held as a program holds its binding: ``bound`` is
+    (sendbuf, recvbuf, actions), which the fast path reruns while its holder still holds it."""
+
+    __slots__ = ("bound",)
+
+    def __init__(self, bound):
+        self.bound = bound
+
+
 def _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, route, sig):
     """The Bound's runner: the plan in the step loop, its messages over ``route`` (a
     transport's ``bind_call``: the communicator's own where None)."""
@@ -301,10 +314,15 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
                 except CollectiveError as exc:
                     failed(ours, bound.what, exc)
                     raise
-                if result is recvbuf and bound.shaped:  # a program bound to these buffers: remember them
-                    binding = bound.runner.bound  # (sendbuf, recvbuf, actions) once a pair repeats
+                if result is recvbuf:  # remember the buffers and what runs on them
+                    if bound.shaped:  # a program: its binding, (sendbuf, recvbuf, actions), once a pair repeats
+                        holder = bound.runner
+                        binding = holder.bound
+                    else:  # the runner on these views, as one action
+                        holder = _Held((sendbuf, recvbuf, (partial(bound.runner, source, out),)))
+                        binding = holder.bound
                     if binding is not None and binding[0] is sendbuf and binding[1] is recvbuf:
-                        session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, bound.runner, binding,
+                        session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, holder, binding,
                                         bound.what)
                 next(session.calls)
                 return result

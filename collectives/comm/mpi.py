@@ -13,7 +13,7 @@ import time
 from numpy import ndarray as _ndarray
 
 from .. import config, mpilib
-from ..errors import CollectiveError, MismatchError
+from ..errors import CollectiveError
 from .base import Communicator, check_received
 
 MPI = mpilib.load()  # one ImportError naming both ways to an MPI library where none loads
@@ -23,7 +23,7 @@ from . import ulfm as _ulfm
 # (_OVERSUBSCRIBED, _eager_limit and _pieces are read through this module by tune and the tests)
 from .mpi_steps import (_BYTE, _OVERSUBSCRIBED, _POLLS_PER_CHECK, _PROBE_AFTER,  # noqa: F401
                         _PreparedStep, _eager_limit, _live_steps, _pieces, _testall, _waitall,
-                        poll_step, process_failure, timeout_error as _timeout)
+                        poll_step, process_failure, step_error, timeout_error as _timeout)
 from . import mpi_steps as _steps
 
 _cuda = None  # .cuda, imported when the first device buffer is seen
@@ -117,14 +117,11 @@ class MPIComm(Communicator):
             elif not MPI.Request.Testall(mpi_reqs, statuses):
                 self._poll(requests, mpi_reqs, statuses, limit, what)
         except MPI.Exception as exc:
-            failure = process_failure(exc, what, [r.peer for r in requests], statuses)
-            if failure is not None:
-                raise failure from None
-            if exc.Get_error_class() == MPI.ERR_TRUNCATE:
-                peers = ", ".join(str(r.peer) for r in requests if r.is_recv)
-                raise MismatchError(f"{what}: a message from rank(s) {peers} is longer than expected "
-                                    f"(ranks disagree on count, dtype or algorithm)") from None
-            raise
+            error = step_error(exc, what, [r.peer for r in requests], [r.peer for r in requests if r.is_recv],
+                               statuses)
+            if error is exc:
+                raise
+            raise error from None
         for r, status in zip(requests, statuses):
             if r.is_recv:
                 check_received(r.peer, r.nbytes, status.Get_count(MPI.BYTE), what)
@@ -158,14 +155,11 @@ class MPIComm(Communicator):
                 else:
                     poll_step(reqs, statuses, recvs, sends, limit, what, self if self.signed else None, tag)
         except MPI.Exception as exc:
-            failure = process_failure(exc, what, [peer for peer, _, _ in list(recvs) + list(sends)], statuses or ())
-            if failure is not None:
-                raise failure from None
-            if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
-                peers = ", ".join(str(peer) for peer, _, _ in recvs)
-                raise MismatchError(f"{what}: a message from rank(s) {peers} is longer than expected "
-                                    f"(ranks disagree on count, dtype or algorithm)") from None
-            raise
+            error = step_error(exc, what, [peer for peer, _, _ in list(recvs) + list(sends)],
+                               [peer for peer, _, _ in recvs], statuses or ())
+            if error is exc:
+                raise
+            raise error from None
         for index, (peer, buf, _) in enumerate(recvs):
             got = statuses[index].Get_count(_BYTE)
             if got != buf.nbytes:
@@ -240,17 +234,11 @@ class MPIComm(Communicator):
                     raise _timeout(what, silent, limit)
                 os.sched_yield()  # at every deadline check: the peer may share this core
         except MPI.Exception as exc:
-            failure = process_failure(exc, what, [r.peer for r in requests], statuses)
-            if failure is not None:
-                raise failure from None
-            truncated = exc.Get_error_class() == MPI.ERR_TRUNCATE or (
-                exc.Get_error_class() == MPI.ERR_IN_STATUS
-                and any(MPI.Get_error_class(s.Get_error()) == MPI.ERR_TRUNCATE for s in statuses))
-            if truncated:
-                peers = ", ".join(str(r.peer) for r in requests if r.is_recv)
-                raise MismatchError(f"{what}: a message from rank(s) {peers} is longer than expected "
-                                    f"(ranks disagree on count, dtype or algorithm)") from None
-            raise
+            error = step_error(exc, what, [r.peer for r in requests], [r.peer for r in requests if r.is_recv],
+                               statuses)
+            if error is exc:
+                raise
+            raise error from None
 
     def on_failure(self, exc):
         """Abort the whole job (MPI.Abort) so that no rank waits forever or reports success;
