@@ -44,7 +44,9 @@ from .shm_layout import CMA, STAGED, Layouts
 MPI = mpilib.load()
 
 FIRST_CAPACITY = 1 << 16  # staging bytes per rank of the first window
-_FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386")
+# where stores may be reordered (not x86's total store order), a store fence (the window's
+# MPI_Win_sync) goes before a counter that announces them
+FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386")
 
 
 def available(comm):
@@ -141,11 +143,6 @@ class ShmTransport:
             signed = self.signatures[signature] = (zlib.crc32(signature.encode()), call_fields(signature))
         return signed
 
-    def fence(self):
-        """Make this rank's stores visible before a counter that announces them (a no-op on x86-64)."""
-        if _FENCE:
-            self.window.Sync()
-
     def _publish_call(self, fields, sig, flags, in_at, out_at, inbuf, outbuf, direct):
         """This call's header slots where they changed (peers poll the row: a write costs them a miss)."""
         header = self.header
@@ -222,7 +219,7 @@ class ShmTransport:
                 if progress < need:
                     left.append((peer, need, h))
             if not left:
-                if _FENCE:
+                if FENCE:
                     self.window.Sync()
                 return
             waiting = left

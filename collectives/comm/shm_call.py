@@ -8,10 +8,10 @@ in order. The actions of one call (``ShmCall``):
 
 - ``begin``: wait until the readers of this rank's staging in the previous call are done, publish
   the call's header fields (growing the window, collectively, where the call needs more staging);
-- per step, ``exchange``: post the messages to other hosts (MPI), stage the sends that are not
-  read in place, raise the progress counter, wait for the senders of this step's receives from
-  the node and copy them (or map them: the step's operations then read the peer's memory);
-- per step, its local operations, reading mapped receives in place;
+- per step, ``step``: post the messages to other hosts (MPI), stage the sends that are not read
+  in place, raise the progress counter, wait for the senders of this step's receives from the
+  node and copy them (or map them), then run the step's local operations, which read mapped
+  receives in place;
 - ``end``: mark the call done (and, where a shared array's memory was sent direct, wait until
   its readers are done: the caller may write the array next).
 """
@@ -24,6 +24,7 @@ from ..binding import COPY, REDUCE
 from ..ops import aligned_parts
 from ..plan import TMP
 from . import cma as _cma
+from .shm import FENCE
 from .shm_header import DONE, PROGRESS
 from .shm_layout import F_CMA, F_IN_PLACE, F_IN_SHARED, F_OUT_SHARED
 
@@ -46,20 +47,21 @@ class ShmRoute:
 class ShmCall:
     """The state of one call over the shared-memory transport while the step loop runs it."""
 
+    __slots__ = ("transport", "plan", "plans_of", "buffers", "reduce_fn", "final_fn", "what", "signature", "tag",
+                 "sources", "steps", "call", "sig", "limit", "base", "mine")
+
     def __init__(self, transport, plan, plans_of, buffers, reduce_fn, final_fn, what, signature, tag):
         self.transport, self.plan, self.plans_of, self.buffers = transport, plan, plans_of, buffers
         self.reduce_fn, self.final_fn, self.what, self.signature, self.tag = reduce_fn, final_fn, what, signature, tag
-        self.views = None  # the running step's mapped receives: (lo, hi, peer memory) into TMP
         self.sources = {}  # (peer, chan) -> [messages taken so far, the sender's messages, its header]
 
     def actions(self):
-        """begin, then each step's exchange and local operations, then end (a generator: the
-        layout of the call is worked out as the loop starts it)."""
+        """begin, then each step (its exchange, then its local operations), then end (a generator:
+        the layout of the call is worked out as the loop starts it)."""
         steps = self.begin()
+        step_action = self.step
         for step in steps.steps:
-            yield partial(self.exchange, step)
-            for op in step[5]:
-                yield partial(self.local, op)
+            yield partial(step_action, step)
         yield self.end
 
     # begin -----------------------------------------------------------------------------------------
@@ -94,27 +96,30 @@ class ShmCall:
         self.mine = mine[:mine.size - mine.size % dtype.itemsize].view(dtype)  # staging offsets are in elements
         return steps
 
-    # one step's messages ---------------------------------------------------------------------------
-    def exchange(self, step):
+    # one step: its messages, then its local operations ------------------------------------------------
+    def step(self, step):
         """A step as shm_layout.Call worked it out: regions (IN/OUT/TMP, lo, hi), messages to other
-        hosts (MPI), staged sends, receives from this node (a mapped one is read in place)."""
-        index, far_recvs, far_sends, staged, near, _, label = step
-        t, bufs, comm, tag = self.transport, self.buffers, self.transport.comm, self.tag
+        hosts (MPI), staged sends, receives from this node (a mapped one is read in place), then
+        its local operations, which read mapped receives from the peer's memory."""
+        index, far_recvs, far_sends, staged, near, ops, label = step
+        t, bufs, tag = self.transport, self.buffers, self.tag
         # messages to other hosts: MPI, posted first
         requests = None
         if far_recvs or far_sends:
+            comm = t.comm
             requests = [comm.irecv(_operand(bufs, None, region), peer, tag + chan) for region, peer, chan in far_recvs]
             requests += [comm.isend(_operand(bufs, None, region), peer, tag + chan) for region, peer, chan in far_sends]
         # shared-memory sends: stage what is not read in place, then publish the step
         mine = self.mine
         for b, lo, hi, at in staged:
             np.copyto(mine[at:at + hi - lo], bufs[b][lo:hi])
-        t.fence()
+        if FENCE:
+            t.window.Sync()
         t.header[PROGRESS] = self.base | (index + 1)
         # shared-memory receives: wait for the sender's step, then copy or map
         views = None
         if near:
-            dtype = self.mine.dtype
+            dtype = mine.dtype
             t._wait_steps(near, self.sources, self.plans_of, dtype.itemsize, self.call, self.sig, self.what + label,
                           self.limit, tag, requests)
             for peer, region, chan, mapped in near:
@@ -127,27 +132,26 @@ class ShmCall:
                     views.append((region[1], region[2], source))
                 else:
                     np.copyto(_operand(bufs, None, region), source)
-        self.views = views
         if requests:
-            comm.waitall(requests, self.what + label)
-
-    # one local operation, reading the step's mapped receives from the peer's memory -----------------
-    def local(self, op):
-        bufs, views, kind = self.buffers, self.views, op[0]
-        if kind == REDUCE:
-            reduce_fn = self.reduce_fn
-            for out, left, right in aligned_parts(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]),
-                                                  _operand(bufs, views, op[3])):
-                reduce_fn(left, right, out=out)
-        elif kind == COPY:
-            np.copyto(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]))
-        else:  # FINAL (bound only where final_fn is given)
-            self.final_fn(_operand(bufs, None, op[1]))
+            t.comm.waitall(requests, self.what + label)
+        # local operations
+        for op in ops:
+            kind = op[0]
+            if kind == REDUCE:
+                reduce_fn = self.reduce_fn
+                for out, left, right in aligned_parts(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]),
+                                                      _operand(bufs, views, op[3])):
+                    reduce_fn(left, right, out=out)
+            elif kind == COPY:
+                np.copyto(_operand(bufs, None, op[1]), _operand(bufs, views, op[2]))
+            else:  # FINAL (bound only where final_fn is given)
+                self.final_fn(_operand(bufs, None, op[1]))
 
     # end -------------------------------------------------------------------------------------------
     def end(self):
         t = self.transport
-        t.fence()
+        if FENCE:
+            t.window.Sync()
         t.header[DONE] = self.call
         t.readers = self.steps.readers
         if self.steps.direct:  # the caller may write its shared array next: its readers must be done
