@@ -25,6 +25,9 @@ import os
 
 # the launch the library's elastic mode is tested with (docs/reliability.md)
 FT_ARGS = ("--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self")
+# PRRTE's main branch tells the other ranks of a rank's non-zero exit (PMIX_ERR_EXIT_NONZERO_TERM),
+# an event Open MPI 5.0.11's ULFM does not handle: every survivor would abort (docs/clusters.md#prrte-main)
+FT_LAUNCHER_ARGS = ("--prtemca", "state_base_error_non_zero_exit", "0")
 
 
 def write_agent(path, addresses, hosts):
@@ -60,7 +63,7 @@ def command(mpiexec, agent, addresses, ranks, subnet, program, ft=False, launche
             # PRRTE's main branch names oob_tcp_if_include prte_if_include (and warns at each daemon)
             "--prtemca", "prte_if_include" if launcher else "oob_tcp_if_include", subnet,
             "--mca", "btl_tcp_if_include", subnet,
-            *(FT_ARGS if ft else ()), *program]
+            *(FT_ARGS if ft else ()), *(FT_LAUNCHER_ARGS if ft and launcher else ()), *program]
 
 
 def environment(env, mpiexec, tmpdir, launcher=None):

@@ -2,7 +2,7 @@
 the other hosts take to go on (COLLECTIVES_ON_ERROR=shrink).
 
     python -m benchmarks.elastic_hosts --mpiexec OPENMPI/bin/mpiexec [--hosts 3] [--runs 5]
-        [--algorithm ring] [--kill ranks|host|silent] [--env NAME=VALUE] [--out DIR]
+        [--algorithm ring] [--kill ranks|exit|host|silent] [--env NAME=VALUE] [--out DIR]
         [--launcher PRRTE/bin/prterun]
 
 Each run starts ``benchmarks/elastic_hosts_job.py`` on H hosts x 1 rank (``python -m
@@ -15,6 +15,8 @@ until every rank has made its first calls, then loses host 1:
   end the job, the driver then kills the daemon too and brings the link back up, so that
   ``mpiexec`` learns the daemon is gone (on a real cluster TCP keepalive tells it, after
   ``oob_tcp_keepalive_time``).
+- ``--kill exit``: as ``ranks``, but its ranks exit with status 3 themselves (the job's SIGUSR1
+  handler calls ``os._exit(3)``), as a rank that crashes with an error does.
 - ``--kill host``: every process of the host, Open MPI's daemon included, is killed and, once
   they have exited (their connections reset), its link cut. Open MPI 5.0.11's runtime ends the
   whole job when it loses a daemon (docs/clusters.md): this measures how soon. Under PRRTE's
@@ -92,17 +94,17 @@ class Job:
                        stderr=subprocess.DEVNULL)
 
     def lose(self, host, kill):
-        """Lose ``host`` (``kill``: "ranks" or "host", as the module says); time.monotonic() of the kill."""
+        """Lose ``host`` (``kill``: as the module says); time.monotonic() of the kill."""
         pids = self._pids(host)
-        if kill == "ranks":
+        if kill in ("ranks", "exit"):
             pids = [pid for pid in pids if _is_rank(pid)]
         at = time.monotonic()
         if kill == "silent":
             self._link(host, "down")
-        _kill(pids)
+        _kill(pids, signal.SIGUSR1 if kill == "exit" else signal.SIGKILL)
         if kill != "silent":  # their sockets closed (a killed host's connections reset), then the cut
             _wait_gone(pids)
-        if kill == "ranks":
+        if kill in ("ranks", "exit"):
             time.sleep(CUT_AFTER)
         if kill != "silent":
             self._link(host, "down")
@@ -151,10 +153,10 @@ def _wait_gone(pids, limit=5.0):
             time.sleep(0.005)
 
 
-def _kill(pids):
+def _kill(pids, sig=signal.SIGKILL):
     for pid in pids:
         try:
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(int(pid), sig)
         except ProcessLookupError:
             pass
 
@@ -199,7 +201,7 @@ def run_once(mpiexec, hosts=3, algorithm="ring", kill="ranks", after=10, env=(),
     if not job.wait_for(r"HOSTS-STARTED rank \d", hosts):
         return job.finish(10), job.out, None, {}
     killed_at = job.lose(1, kill)
-    if kill == "ranks":
+    if kill in ("ranks", "exit"):
         job.wait_for(r"HOSTS-OK rank \d", hosts - 1, timeout=60)
         if job.proc.poll() is None:  # not ended already (by Open MPI's runtime)
             job.end_lost_host(1)
@@ -214,7 +216,7 @@ def main(argv=None):
     p.add_argument("--hosts", type=int, default=3)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--algorithm", default="ring")
-    p.add_argument("--kill", choices=("ranks", "host", "silent"), default="ranks")
+    p.add_argument("--kill", choices=("ranks", "exit", "host", "silent"), default="ranks")
     p.add_argument("--out", help="a folder for each run's output")
     p.add_argument("--launcher", metavar="PRTERUN", help="launch with this PRRTE prterun (Open MPI's personality) "
                    "instead of --mpiexec, whose ranks still run")

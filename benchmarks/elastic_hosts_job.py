@@ -17,6 +17,7 @@ result, ``HOSTS-OK rank R calls=N size=S`` at the end; ``HOSTS-NOLOSS`` where SE
 without a loss.
 """
 import os
+import signal
 import sys
 import time
 
@@ -53,6 +54,7 @@ def world_ranks(comm):
 
 
 def main():
+    signal.signal(signal.SIGUSR1, lambda *_: os._exit(3))  # the driver's --kill exit: a rank that crashes
     comm, members = WORLD, list(range(WORLD.Get_size()))
     call = first = 0
     after, lost, out = None, [], np.empty(COUNT, np.float32)

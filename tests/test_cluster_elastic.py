@@ -112,3 +112,16 @@ def test_a_host_killed_whole_the_other_hosts_go_on_under_prrte_main(algorithm):
     for rank, r in sorted(found.items()):
         print(f"RECOVERY whole host, PRRTE main, {algorithm} rank {rank}: "
               + " ".join(f"{k} {r[k]:.4f}" for k in elastic_hosts.PHASES))
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(PRRTE_MAIN, "collectives-ready")),
+                    reason=f"PRRTE's main branch is not built at {PRRTE_MAIN} (benchmarks/build_prrte_main.sh "
+                           "builds it; docs/clusters.md)")
+def test_a_rank_that_exits_non_zero_the_other_hosts_go_on_under_prrte_main():
+    # a crashing rank exits non-zero: PRRTE's main branch would tell the others of it with an event
+    # Open MPI 5.0.11's ULFM cannot handle (every survivor aborts) unless the launch turns that
+    # report off, which the cluster tool's --launcher --ft does (cluster_openmpi.FT_LAUNCHER_ARGS)
+    code, out, ended, found = elastic_hosts.run_once(MPIEXEC, 3, "ring", kill="exit", launcher=PRTERUN)
+    _check_survivors_went_on(out, found)
+    assert "PMIx Event Notification" not in out, out
+    assert code is not None, f"the job did not end once the lost host's daemon was gone\n{out}"
