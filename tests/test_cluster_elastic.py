@@ -125,3 +125,19 @@ def test_a_rank_that_exits_non_zero_the_other_hosts_go_on_under_prrte_main():
     _check_survivors_went_on(out, found)
     assert "PMIx Event Notification" not in out, out
     assert code is not None, f"the job did not end once the lost host's daemon was gone\n{out}"
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(PRRTE_MAIN, "collectives-ready")),
+                    reason=f"PRRTE's main branch is not built at {PRRTE_MAIN} (benchmarks/build_prrte_main.sh "
+                           "builds it; docs/clusters.md)")
+def test_a_host_that_goes_silent_the_other_hosts_go_on_under_prrte_main():
+    # a host that goes silent (its link cut, then everything on it killed: nothing reports its end)
+    # is failed by Open MPI's heartbeat (the driver turns it on for --kill silent); MPI_Comm_shrink
+    # returns once the runtime gives up the host's daemon, which TCP keepalive bounds (3 s idle,
+    # then 2 probes 1 s apart), and PRRTE's main branch keeps the job through that loss
+    keepalive = {"PRTE_MCA_prte_keepalive_time": "3", "PRTE_MCA_prte_keepalive_intvl": "1",
+                 "PRTE_MCA_prte_keepalive_probes": "2"}
+    code, out, ended, found = elastic_hosts.run_once(MPIEXEC, 3, "ring", kill="silent", env=keepalive,
+                                                     launcher=PRTERUN)
+    _check_survivors_went_on(out, found)
+    assert code == 0, f"the launcher exited {code}\n{out}"
