@@ -46,6 +46,7 @@ import numpy as np
 from . import algorithms as _algorithms
 from .config import cache_file
 from .model import ALPHA_NODE_STEP
+from .mpilib import describe
 from .ranking import cost_choice, shm_cost_choice
 
 FORMAT = "collectives-autotune-1"
@@ -215,7 +216,6 @@ def agreed(comm, dtype, nbytes, in_place, shared=False):
 
 
 def _comm_key(comm, dtype, nbytes, in_place, shared):
-    from .mpilib import describe
 
     return key(describe(), comm.size, dtype, nbytes, in_place, shared)
 

@@ -39,6 +39,9 @@ import collectives
 from . import simulator as sim
 from .api import as_comm
 from .cli import parse_size
+from .config import timeout
+from .plan import NCHANNELS
+from .select import describe_topology, topology as _hosts
 
 PINGPONG_SIZES = [8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
 INTER_SIZES = [8, 512, 4 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20, 16 << 20]
@@ -67,7 +70,6 @@ def _pingpong_mpi(comm, nbytes, reps, peer=1):
 def _pingpong_lib(comm, lib, nbytes, reps, peer=1):
     """The same ping-pong (rank 0 and ``peer``) through the library's communicator: one
     ``exchange`` per message."""
-    from .plan import NCHANNELS
 
     buf = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
     tag = lib.next_tag() * NCHANNELS
@@ -92,7 +94,6 @@ def _idle_wait(comm, nap=0.0005):
     cores) they would take the cores from the two ranks being timed, and the small messages'
     fit (alpha) would measure the scheduler (milliseconds) instead of the link. Bounded by
     COLLECTIVES_TIMEOUT."""
-    from .config import timeout
 
     request = comm.Ibarrier()
     limit = timeout()
@@ -178,8 +179,6 @@ def measure(comm, name, nbytes, reps):
     """Median over ``reps`` calls of the slowest rank's time for one out-of-place all-reduce."""
     from mpi4py import MPI
 
-    import collectives
-
     x = np.ones(nbytes // 4, np.float32)
     out = np.empty_like(x)
     for _ in range(2):
@@ -207,7 +206,6 @@ def main(args=None):
     sizes = _sizes(lo, hi, getattr(args, "stepfactor", None) or 4)
     collectives.barrier(comm)  # every rank is here (bounded by COLLECTIVES_TIMEOUT) before blocking MPI calls
     lib = as_comm(comm)
-    from .select import describe_topology, topology as _hosts
 
     hosts = _hosts(lib)
     alpha, beta, gamma, details = fit(comm, lib, peer=hosts[0][1] if len(hosts[0]) > 1 else hosts[1][0])

@@ -17,6 +17,8 @@ Nothing here imports mpi4py until asked for.
 import os
 import re
 
+from . import tuning
+
 INSTALL_HELP = (
     "collectives needs an MPI library for mpi4py to load, and none could be loaded ({cause}). Either:\n"
     "  - install the embedded MPICH from PyPI: pip install 'collectives[mpich]' (from a checkout: "
@@ -172,7 +174,6 @@ MEASURED_EAGER_LIMITS = {
 
 def eager_limit(lib=None):
     """The eager limit in bytes for this library (see the module docstring); 0 where unknown."""
-    from . import tuning
 
     lib = lib or library()
     recorded = tuning.eager_limit(describe(lib))

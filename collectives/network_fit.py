@@ -38,6 +38,9 @@ import numpy as np
 from . import algorithms as _algorithms
 from . import autotune
 from .model import ALPHA, BETA, GAMMA
+from .mpilib import describe
+from .plan import NCHANNELS
+from .tuning import topology_key
 from .ranking import describe_topology, two_level_choice
 
 # the ping-pong: 8 B for alpha; beta from 1 MiB on, where a shaped link's burst is a small part
@@ -105,7 +108,6 @@ def fit_link(comm, hosts, allreduce):
     kept = comm.session.picks.get(SESSION_FIT)
     if kept is not None:
         return kept
-    from .plan import NCHANNELS
 
     start = time.perf_counter()
     a, b = hosts[0][0], hosts[1][0]
@@ -144,7 +146,6 @@ def candidates(hosts, nbytes, alpha_inter, beta_inter, names=None):
 
 
 def key(library, hosts, network, dtype, nbytes, in_place):
-    from .tuning import topology_key
 
     return "|".join(("hosts", network, library, topology_key(hosts), np.dtype(dtype).name,
                      str(autotune.bucket(nbytes)), "in_place" if in_place else "out_of_place"))
@@ -158,7 +159,6 @@ def pick(comm, hosts, sendbuf, recvbuf, allreduce, barrier):
     """(algorithm, None, why) for an ``auto`` call across hosts with no tuning table: the pick the
     ranks agreed on for this bucket, else rank 0's stored one for this network, else measured now
     (module docstring). ``allreduce``: the call pipeline's own path; ``barrier``: the comm's."""
-    from .mpilib import describe
 
     dtype, nbytes, in_place = sendbuf.dtype, sendbuf.nbytes, recvbuf is sendbuf
     session_key = autotune._comm_key(comm, dtype, nbytes, in_place, False)

@@ -28,6 +28,7 @@ import os
 import sys
 import warnings
 
+from . import api, select
 from . import algorithms as _registry
 from .flat import _Flat, build_plans
 from .model import ALPHA, BETA, GAMMA
@@ -145,7 +146,6 @@ def unregister_algorithm(name):
 
 
 def _forget_choices():
-    from . import api, select
 
     api.clear_caches()
     select.reset()

@@ -17,6 +17,9 @@ import time
 
 import numpy as np
 
+from .api import barrier
+from .mpilib import describe, load
+
 GRID = sorted({int(round((1 << k) * f / 64)) * 64 for k in range(10, 18) for f in (1, 1.19, 1.41, 1.68)}
               | {1 << 18})
 MIN_STEP = 1.45  # a neighbour's time past this ratio (sizes 1.19x apart) is a handshake, not bytes
@@ -56,7 +59,6 @@ def measure(comm, log=None, budget=20.0):
     ``log(line)`` prints the measured times on rank 0."""
     from mpi4py import MPI
 
-    from .api import barrier
 
     limit = np.zeros(1, dtype=np.int64)
     barrier(comm)
@@ -125,7 +127,6 @@ def _measure_pair(pair, log, deadline):
 
 
 def main(argv=None):
-    from .mpilib import describe, load
 
     MPI = load()
     comm = MPI.COMM_WORLD

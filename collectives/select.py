@@ -12,6 +12,8 @@ from collections import namedtuple
 
 from . import algorithms as _algorithms
 from . import config
+from .comm.shm_arrays import is_shared
+from .mpilib import describe
 from .plan import ranks_by_group
 
 # the model's defaults (collectives/model.py): shared memory inside a node, a 10 Gbit/s link per
@@ -160,7 +162,6 @@ def _decide(size, nbytes, dtype, mpi, hosts, over_shm=False):
     if hit is None:
         library = None
         if key[3]:  # under MPI the table must have been measured under this library
-            from .mpilib import describe
 
             library = describe()
         table_choice = tuning.lookup_pair(size, nbytes, dtype, library, tuning.topology_key(hosts))
@@ -288,7 +289,6 @@ def calibrate(comm, sendbuf, recvbuf, measured_call):
     if len(hosts) > 1:
         return network_fit.pick(comm, hosts, sendbuf, recvbuf, measured_call, _barrier)
     from .comm import shm as _shm  # imports mpi4py: calibration runs under MPI only
-    from .comm.shm_arrays import is_shared
 
     shared = sendbuf.flags.c_contiguous and is_shared(comm, sendbuf)
     return autotune.pick(comm, sendbuf, recvbuf, _shm.available(comm), shared, measured_call, _barrier)

@@ -24,11 +24,14 @@ import time
 
 import numpy as np
 
-from . import mpilib, tuning
+import collectives
+from . import mpilib, protocol, select, tuning
+from .api import as_comm, barrier
 from .autotune import round_order
 from .cli import parse_size
 from .algorithms import names as _algorithm_names
 from .plugins import add_load_option, load_files
+from .select import topology as _hosts
 
 FORMAT = "collectives-tuning-1"
 
@@ -84,7 +87,6 @@ def sizes(lo, hi, factor):
 def measure(comm, algorithm, sendbuf, recvbuf, iters):
     """Seconds per call on the slowest rank, ``iters`` back-to-back calls after a barrier;
     ``algorithm`` may name its transport (``ring@shm``)."""
-    import collectives
     from mpi4py import MPI
 
     name, _, transport = algorithm.partition("@")
@@ -110,9 +112,6 @@ def tune(comm, args, log=print):
         args.rounds = 15 if mpilib.ranks_per_core() > 1 else 5
     entries = []
     root = comm.rank == 0
-    from .api import as_comm
-    from .select import topology as _hosts
-
     ours = as_comm(comm)
     topology = tuning.topology_key(_hosts(ours))  # None on one host
     candidates = _candidates(ours, args)
@@ -179,9 +178,7 @@ def _candidates(ours, args):
 
 
 def _library():
-    from .mpilib import describe
-
-    return describe()
+    return mpilib.describe()
 
 
 def merge(path, entries, library=None, eager_limit=None):
@@ -219,9 +216,7 @@ def write(path, table):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from .mpilib import load
-
-    MPI = load()  # one clear error naming both ways to an MPI library where none loads
+    MPI = mpilib.load()  # one clear error naming both ways to an MPI library where none loads
 
     comm = MPI.COMM_WORLD
     if os.environ.get("COLLECTIVES_ALGO"):
@@ -231,15 +226,11 @@ def main(argv=None):
         return 2
     if comm.size == 1 and comm.rank == 0:
         print("# one rank: every algorithm is a local copy; run under mpiexec -n N to tune N ranks")
-    from .api import barrier
-
     barrier(comm)  # every rank is here (bounded by COLLECTIVES_TIMEOUT) before any blocking MPI call
     if comm.rank == 0:
         print(f"# collectives.tune under {_library()}, {comm.size} ranks")
     eager = None
     if comm.size > 1 and not args.dry_run:  # recorded in the table: nothing to measure for a dry run
-        from . import protocol
-
         eager = protocol.measure(comm)
         if comm.rank == 0:
             print(f"# eager limit between ranks 0 and 1: {eager or 'unknown (no step in time)'} bytes")
@@ -252,8 +243,6 @@ def main(argv=None):
             write(path, merge(path, entries, eager_limit=eager or None))
             print(f"# wrote {len(entries)} entries for {comm.size} ranks to {path}")
     tuning.reload()
-    from . import select
-
     select.reset()
     comm.Barrier()
     return 0

@@ -13,6 +13,7 @@ import threading
 import warnings
 
 from .config import cache_file
+from .algorithms import names
 
 _loaded = {}
 _meta = {}  # path -> {"mpi_library": str or None, "eager_limit": int or None}
@@ -119,7 +120,6 @@ def lookup_pair(size, nbytes, dtype, library=None, topology=None):
                 for row in found]
     if not rows:
         return None
-    from .algorithms import names
 
     best = min(rows, key=lambda row: abs(_log2(row[0]) - _log2(nbytes)))
     if best[1] not in names():

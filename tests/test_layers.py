@@ -80,3 +80,36 @@ def test_no_public_name_shadows_a_submodule_and_simulate_is_a_function():
     assert isinstance(collectives.simulate, types.FunctionType)
     assert collectives.simulate is collectives.simulator.simulate
     assert collectives.simulate("ring", ranks=4, nbytes=64).verified
+
+
+# the optional third-party packages an import inside a function may wait for
+OPTIONAL = ("mpi4py", "cupy", "cupyx", "tensorflow", "matplotlib")
+
+
+def _loads_an_optional_package(module):
+    """Whether ``module``'s own top level imports an optional package, or loads the MPI library
+    (``mpilib.load()``, which imports mpi4py)."""
+    tree = ast.parse(open(MODULES[module]).read())
+    for node in tree.body:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Import) and any(a.name.split(".")[0] in OPTIONAL for a in sub.names):
+                return True
+            if isinstance(sub, ast.ImportFrom) and (sub.module or "").split(".")[0] in OPTIONAL:
+                return True
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "load" \
+                    and isinstance(sub.func.value, ast.Name) and sub.func.value.id == "mpilib":
+                return True
+    return False
+
+
+def test_an_import_inside_a_function_is_only_for_an_optional_package():
+    # issue 33: the library's own modules are imported at the top of a module; an import inside a
+    # function waits only for an optional package (directly, or a module of ours that loads it)
+    bad = []
+    for module, path in MODULES.items():
+        for target, top_level in imports(module, path):
+            if top_level or target.split(".")[0] in OPTIONAL or target.split(".")[0] != "collectives":
+                continue
+            if not (target in MODULES and _loads_an_optional_package(target)):
+                bad.append(f"{module} imports {target} inside a function")
+    assert not bad, bad

@@ -15,6 +15,7 @@ from numpy import ndarray as _ndarray
 from .. import config, mpilib
 from ..errors import CollectiveError
 from .base import Communicator, check_received
+from . import cuda as _cuda
 
 MPI = mpilib.load()  # one ImportError naming both ways to an MPI library where none loads
 
@@ -26,7 +27,6 @@ from .mpi_steps import (_BYTE, _OVERSUBSCRIBED, _POLLS_PER_CHECK, _PROBE_AFTER, 
                         poll_step, process_failure, step_error, timeout_error as _timeout)
 from . import mpi_steps as _steps
 
-_cuda = None  # .cuda, imported when the first device buffer is seen
 
 
 def _message(buf):
@@ -178,11 +178,6 @@ class MPIComm(Communicator):
 
     # device buffers (one step's buffers all live where the call's arrays live)
     def _exchange_device(self, sends, recvs, tag, what):
-        global _cuda
-        if _cuda is None:
-            from . import cuda as _cuda_module
-
-            _cuda = _cuda_module
         if _cuda.cuda_aware():  # device memory straight to MPI (the executor synchronised the stream)
             comm = self.mpi_comm
             reqs = [_Req(comm.Irecv(_message(buf), peer, tag + chan), peer, buf.nbytes, True, tag)

@@ -33,6 +33,7 @@ from .. import mpilib
 from ..errors import MismatchError
 from ..plan import IN
 from .base import foreign_message
+from .mpi import MPIComm
 from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, timeout_error
 from . import cma as _cma
 from .shm_arrays import SharedArrays
@@ -69,8 +70,6 @@ class ShmTransport:
     """The shared-memory transport of one MPI communicator (its ranks on this node)."""
 
     def __init__(self, comm):
-        from .mpi import MPIComm
-
         self.comm = comm
         colors = comm.node_colors()
         self.node_ranks = [r for r, c in enumerate(colors) if c == colors[comm.rank]]  # comm ranks here

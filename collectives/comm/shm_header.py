@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 
 from ..errors import MismatchError
+from ..ops import OPS
 
 PROGRESS, DONE, SIGNATURE, FLAGS, IN_ARRAY, IN_OFFSET, OUT_ARRAY, OUT_OFFSET, IN_ADDRESS, OUT_ADDRESS, PID, \
     PROBE_ADDRESS, CMA_OK = range(13)
@@ -41,8 +42,6 @@ def show(field, value):
     if field == "dtype" and 0 < value < 128:
         return np.dtype(chr(value)).name
     if field == "op":
-        from ..ops import OPS
-
         for name in OPS:
             if zlib.crc32(name.encode()) == value:
                 return name

@@ -4,6 +4,7 @@ import sys
 import time
 
 from ..cli import parse_size
+from ..calibrate import main as calibrate_main
 from ..flat import _registry
 from ..model import ALPHA, BETA, GAMMA
 from ..plugins import add_load_option, load_files
@@ -47,7 +48,6 @@ def main(argv=None):
     args = _parse(sys.argv[1:] if argv is None else argv)
     load_files(args.load)  # --load FILE.py: algorithms registered before -a is read
     if args.calibrate:
-        from ..calibrate import main as calibrate_main
         return calibrate_main(args)
     names = _registry.names() if args.algorithms == "all" else [a.strip() for a in args.algorithms.split(",")]
     for name in names:
