@@ -12,7 +12,6 @@ from collections import namedtuple
 
 from . import algorithms as _algorithms
 from . import config
-from .comm.shm_arrays import is_shared
 from .mpilib import describe
 from .plan import ranks_by_group
 
@@ -289,6 +288,7 @@ def calibrate(comm, sendbuf, recvbuf, measured_call):
     if len(hosts) > 1:
         return network_fit.pick(comm, hosts, sendbuf, recvbuf, measured_call, _barrier)
     from .comm import shm as _shm  # imports mpi4py: calibration runs under MPI only
+    from .comm.shm_arrays import is_shared
 
     shared = sendbuf.flags.c_contiguous and is_shared(comm, sendbuf)
     return autotune.pick(comm, sendbuf, recvbuf, _shm.available(comm), shared, measured_call, _barrier)

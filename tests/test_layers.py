@@ -3,6 +3,8 @@ say: the library never imports the repository's tools, tests or the TensorFlow b
 reads plans only; modules stay under 400 lines. Read from the source (ast)."""
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -113,3 +115,14 @@ def test_an_import_inside_a_function_is_only_for_an_optional_package():
             if not (target in MODULES and _loads_an_optional_package(target)):
                 bad.append(f"{module} imports {target} inside a function")
     assert not bad, bad
+
+
+def test_importing_the_library_and_its_tools_starts_no_mpi():
+    # mpi4py's import initializes MPI (a singleton job, with its session files): the library, the
+    # simulator and the tools import it only once MPI is asked for
+    names = ["collectives", "collectives.cleanup", "collectives.simulator", "collectives.tools.simulate_cli",
+             "collectives.tune", "collectives.calibrate", "collectives.protocol", "collectives.select"]
+    code = f"import sys\nfor name in {names!r}:\n    __import__(name)\nprint('mpi4py' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "importing the library imported mpi4py"

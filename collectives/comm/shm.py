@@ -23,7 +23,6 @@ in program order, so a counter raised after the data's copy is enough; elsewhere
 (a memory barrier) runs around it.
 """
 import os
-import platform
 import time
 import zlib
 
@@ -37,7 +36,7 @@ from .mpi import MPIComm
 from .mpi_steps import _POLLS_PER_CHECK, _PROBE_AFTER, timeout_error
 from . import cma as _cma
 from .shm_arrays import SharedArrays
-from .shm_header import (CALL_FIELDS, CMA_OK, DONE, FIELD_NAMES, FLAGS, HEADER, IN_ADDRESS, IN_ARRAY,
+from .shm_header import (CALL_FIELDS, CMA_OK, DONE, FENCE, FIELD_NAMES, FLAGS, HEADER, IN_ADDRESS, IN_ARRAY,
                          IN_OFFSET, OUT_ADDRESS, OUT_ARRAY, OUT_OFFSET, PID, PROBE_ADDRESS, PROGRESS,
                          SIGNATURE, call_fields, mismatch_error)
 from .shm_layout import CMA, STAGED, Layouts
@@ -45,9 +44,6 @@ from .shm_layout import CMA, STAGED, Layouts
 MPI = mpilib.load()
 
 FIRST_CAPACITY = 1 << 16  # staging bytes per rank of the first window
-# where stores may be reordered (not x86's total store order), a store fence (the window's
-# MPI_Win_sync) goes before a counter that announces them
-FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386")
 
 
 def available(comm):

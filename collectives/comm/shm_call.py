@@ -24,8 +24,7 @@ from ..binding import COPY, REDUCE
 from ..ops import aligned_parts
 from ..plan import TMP
 from . import cma as _cma
-from .shm import FENCE
-from .shm_header import DONE, PROGRESS
+from .shm_header import DONE, FENCE, PROGRESS
 from .shm_layout import F_CMA, F_IN_PLACE, F_IN_SHARED, F_OUT_SHARED
 
 

@@ -6,6 +6,7 @@ attach) with where a shared IN and OUT lie (array id, byte offset) and their add
 process id and a probe address (to try cross-memory attach); then the call's fields, one slot
 each (``call_fields``), so that ranks that disagree on a call learn which field differs.
 """
+import platform
 import zlib
 
 import numpy as np
@@ -17,6 +18,9 @@ PROGRESS, DONE, SIGNATURE, FLAGS, IN_ARRAY, IN_OFFSET, OUT_ARRAY, OUT_OFFSET, IN
     PROBE_ADDRESS, CMA_OK = range(13)
 CALL_FIELDS = 13  # then one slot per field of the call's signature (see call_fields)
 FIELD_NAMES = ("call", "algorithm", "op", "dtype", "count", "options")
+# where stores may be reordered (not x86's total store order), a store fence (the window's
+# MPI_Win_sync) goes before a counter that announces them
+FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386")
 HEADER = 256  # bytes per rank: 19 used slots and room, keeps staging 64-byte aligned
 
 
