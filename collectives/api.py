@@ -6,10 +6,10 @@ choices); see collectives/pipeline.py for the path a call takes.
 """
 from . import algorithms as _algorithms
 from . import session as _session
-from .calls import as_comm, failed, usable  # noqa: F401 - as_comm: collectives.as_comm
+from .calls import as_comm, failed, forget_resolved, usable  # noqa: F401 - as_comm: collectives.as_comm
 from .comm import base as _comm_base
 from .errors import CollectiveError
-from .pipeline import allreduce, forget_resolved  # noqa: F401 - collectives.allreduce
+from .pipeline import allreduce  # noqa: F401 - collectives.allreduce
 
 
 

@@ -4,6 +4,8 @@ buffers, the transports a call may take, and what a failure does to the communic
 The all-reduce path (collectives/pipeline.py) and the building blocks (blocks_api.py) share
 these; nothing here keeps state of a call (a communicator's caches are its Session's).
 """
+from contextvars import ContextVar
+
 import numpy as np
 
 from . import config
@@ -26,6 +28,33 @@ def as_comm(comm):
     from .comm import mpi as _mpi  # imports mpi4py only when MPI is asked for
 
     return _mpi.wrap(comm)
+
+
+# this thread's last communicator argument that was not ours: (it, our communicator for it, its
+# session, RELEASES[0] then), replaced whole. A context variable: each thread has its own (a new
+# thread starts with an empty context), and reading it is cheaper than a threading.local's attribute
+resolution = ContextVar("collectives_resolution", default=(object(), None, None, -1))
+# communicators released so far: a resolution made before a release is not used (a freed
+# communicator's wrapper must not be handed out, on any thread)
+RELEASES = [0]
+
+
+def resolve(comm):
+    """Our communicator for ``comm`` (as ``usable``), without an MPI attribute lookup per call."""
+    if isinstance(comm, Communicator):
+        return comm
+    memo = resolution.get()
+    if memo[0] is comm and memo[3] == RELEASES[0]:
+        return memo[1]
+    releases = RELEASES[0]
+    ours = usable(comm)
+    resolution.set((comm, ours, ours.session, releases))
+    return ours
+
+
+def forget_resolved(comm):
+    """A communicator is being released: no thread's resolution made before now is used again."""
+    RELEASES[0] += 1
 
 
 def usable(comm):

@@ -18,11 +18,11 @@ The fast path is a cache the communicator's Session holds: ``session.shapes`` ma
 call's shape to its Bound, and ``session.last`` is the last call's buffers with what runs on them:
 the program bound to them and that binding, or the runner on the buffers' views (a tuple replaced
 whole, held until a later call replaces it); a repeat runs the binding in the step loop while its
-holder still holds it. The fast path applies only
-where no environment variable overrides the call (``config.no_overrides``). A communicator's
-collectives run on one thread at a time, as MPI requires, so threads calling on different
-communicators (the ranks of ``run_threaded``, user threads under MPI_THREAD_MULTIPLE) never share
-a cache entry.
+holder still holds it. The fast path applies only where no environment variable overrides the
+call (``config.no_overrides``). A communicator's collectives run on one thread at a time, as MPI
+requires, so threads calling on different communicators (the ranks of ``run_threaded``, user
+threads under MPI_THREAD_MULTIPLE) never share a cache entry. Finding our communicator for an
+mpi4py one (``calls.resolve``) is remembered per thread, until any communicator is released.
 """
 
 from functools import partial
@@ -37,8 +37,11 @@ from .errors import CollectiveError
 from .executor import run
 from .ops import check_op_dtype
 from . import select
-from .calls import (as_array, execute_plan, failed, maybe_check, program_for, shm_transport, signature, ufuncs,
-                    usable)
+from .calls import (as_array, execute_plan, failed, maybe_check, program_for, resolve, shm_transport, signature,
+                    ufuncs, usable)
+from .calls import RELEASES as _releases, resolution as _resolution
+
+_get_resolution = _resolution.get
 
 from . import algorithms as _algorithms
 
@@ -264,8 +267,8 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
                 and not _compression_env("COLLECTIVES_COMPRESSION"):
             return call(sendbuf, recvbuf, op, algorithm, comm, options, shape=options_key(options))
         return call(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual)
-    memo = _resolved  # an mpi4py communicator or None seen last: (it, ours, our session)
-    if memo[0] is comm:
+    memo = _get_resolution()  # this thread's last communicator argument not ours: (it, ours, session, releases)
+    if memo[0] is comm and memo[3] == _releases[0]:
         ours, session = memo[1], memo[2]
     else:
         ours = comm if isinstance(comm, Communicator) else resolve(comm)
@@ -371,28 +374,3 @@ def options_key(options):
     except TypeError:
         return None
     return shape
-
-
-_NOTHING = object()  # matches no communicator argument
-# (the last communicator argument that was not ours, our communicator for it, its session), replaced whole
-_resolved = (_NOTHING, None, None)
-
-
-def resolve(comm):
-    """Our communicator for ``comm`` (as ``as_comm``), without an MPI attribute lookup per call."""
-    global _resolved
-    if isinstance(comm, Communicator):
-        return comm
-    memo = _resolved
-    if memo[0] is comm:
-        return memo[1]
-    ours = usable(comm)
-    _resolved = (comm, ours, ours.session)
-    return ours
-
-
-def forget_resolved(comm):
-    """``comm`` (ours) is being released: the resolution memo must not hand it out again."""
-    global _resolved
-    if _resolved[1] is comm:
-        _resolved = (_NOTHING, None, None)

@@ -70,3 +70,30 @@ def test_two_user_threads_on_two_communicators(monkeypatch):
     for comm in comms:
         comm.Free()
     assert everyone, f"rank {WORLD.rank}: {outcomes!r:.300}"
+
+
+def test_a_thread_never_reuses_a_communicator_freed_on_another():
+    # a thread remembers the last mpi4py communicator it resolved; the main thread frees it between
+    # the thread's two calls: the second must be a clear error, not a call on the freed wrapper
+    comm = WORLD.Dup()
+    x, out = np.ones(8, np.float32), np.empty(8, np.float32)
+    results, called, freed = [], threading.Event(), threading.Event()
+
+    def worker():
+        for _ in range(2):
+            try:
+                collectives.allreduce(x, out, comm=comm)
+                results.append(float(out[0]))
+            except Exception as exc:  # noqa: BLE001 - recorded for the assertion
+                results.append(exc)
+            called.set()
+            freed.wait(60)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    called.wait(60)
+    comm.Free()
+    freed.set()
+    thread.join(60)
+    assert results[0] == WORLD.size, results
+    assert isinstance(results[1], ValueError) and "COMM_NULL" in str(results[1]), results
