@@ -41,8 +41,6 @@ from .calls import (as_array, execute_plan, failed, maybe_check, program_for, re
                     ufuncs, usable)
 from .calls import RELEASES as _releases, resolution as _resolution
 
-_get_resolution = _resolution.get
-
 from . import algorithms as _algorithms
 
 
@@ -247,6 +245,7 @@ def _plan_runner(plan, comm, backend, reduce_fn, final_fn, what, route, sig):
 # the whole path ----------------------------------------------------------------------------------
 _compression_env = config.is_set
 _no_overrides = config.no_overrides
+_get_resolution = _resolution.get
 
 
 def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, compression=None,
@@ -261,10 +260,9 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
     values across hosts (every message with ``compression_scope="all"``); ``residual`` keeps what
     the rounding dropped, for the next call (error feedback). See collectives/compression.py.
     """
-    if compression is not None or residual is not None or compression_scope != "across_hosts" \
-            or not _no_overrides():  # no fast path: compression, or an environment override
-        if compression is None and residual is None and compression_scope == "across_hosts" \
-                and not _compression_env("COLLECTIVES_COMPRESSION"):
+    uncompressed = compression is None and residual is None and compression_scope == "across_hosts"
+    if not uncompressed or not _no_overrides():  # no fast path: compression, or an environment override
+        if uncompressed and not _compression_env("COLLECTIVES_COMPRESSION"):
             return call(sendbuf, recvbuf, op, algorithm, comm, options, shape=options_key(options))
         return call(sendbuf, recvbuf, op, algorithm, comm, options, compression, compression_scope, residual)
     memo = _get_resolution()  # this thread's last communicator argument not ours: (it, ours, session, releases)
@@ -320,10 +318,9 @@ def allreduce(sendbuf, recvbuf=None, *, op="sum", algorithm="auto", comm=None, c
                 if result is recvbuf:  # remember the buffers and what runs on them
                     if bound.shaped:  # a program: its binding, (sendbuf, recvbuf, actions), once a pair repeats
                         holder = bound.runner
-                        binding = holder.bound
                     else:  # the runner on these views, as one action
                         holder = _Held((sendbuf, recvbuf, (partial(bound.runner, source, out),)))
-                        binding = holder.bound
+                    binding = holder.bound
                     if binding is not None and binding[0] is sendbuf and binding[1] is recvbuf:
                         session.last = (sendbuf, recvbuf, algorithm, op, shape, sendbuf.dtype, holder, binding,
                                         bound.what)

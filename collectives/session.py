@@ -29,7 +29,7 @@ class Session:
     def __init__(self):
         self.programs = OrderedDict()  # (algorithm, op, dtype, count, params) -> Program
         self.shapes = {}  # (algorithm, op, dtype, count, options, in place) -> the pipeline's Bound of that call
-        self.last = None  # the last repeated call's buffers, its program and binding (a tuple, replaced whole)
+        self.last = None  # the last repeated call's buffers and what runs on them (a tuple, replaced whole)
         self.choices = {}  # compressed calls' (size, bytes, dtype, hosts, format, scope) -> (algorithm, why)
         self.scratch = {}  # (backend name, dtype) -> buffer
         self.windows = {}  # name -> a shared window object with free() and nbytes

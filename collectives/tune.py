@@ -145,7 +145,7 @@ def tune(comm, args, log=print):
             if root:
                 log(f"# round {round_index + 1} of {args.rounds} done")
         if root:
-            log(f"# {_library()}, {comm.size} ranks, {dtype}: median of {args.rounds} rounds, interleaved across sizes and "
+            log(f"# {mpilib.describe()}, {comm.size} ranks, {dtype}: median of {args.rounds} rounds, interleaved across sizes and "
                 f"algorithms; time per call in us")
             log("#" + "".join(f"{name[:20]:>21}" for name in ["bytes"] + list(candidates)) + "  best")
         for count in counts:
@@ -177,14 +177,10 @@ def _candidates(ours, args):
     return [f"{name}@{t}" for name in args.algorithms for t in wanted]
 
 
-def _library():
-    return mpilib.describe()
-
-
 def merge(path, entries, library=None, eager_limit=None):
     """The file's entries for other (world size, dtype) pairs, plus ``entries``, as measured under
     ``library`` (default: this process's MPI library); a file of another library is replaced."""
-    library = library or _library()
+    library = library or mpilib.describe()
     replaced = {(e["size"], e["dtype"], e.get("topology")) for e in entries}
     kept = []
     if os.path.exists(path):
@@ -228,7 +224,7 @@ def main(argv=None):
         print("# one rank: every algorithm is a local copy; run under mpiexec -n N to tune N ranks")
     barrier(comm)  # every rank is here (bounded by COLLECTIVES_TIMEOUT) before any blocking MPI call
     if comm.rank == 0:
-        print(f"# collectives.tune under {_library()}, {comm.size} ranks")
+        print(f"# collectives.tune under {mpilib.describe()}, {comm.size} ranks")
     eager = None
     if comm.size > 1 and not args.dry_run:  # recorded in the table: nothing to measure for a dry run
         eager = protocol.measure(comm)

@@ -24,7 +24,7 @@ from . import ulfm as _ulfm
 # (_OVERSUBSCRIBED, _eager_limit and _pieces are read through this module by tune and the tests)
 from .mpi_steps import (_BYTE, _OVERSUBSCRIBED, _POLLS_PER_CHECK, _PROBE_AFTER,  # noqa: F401
                         _PreparedStep, _eager_limit, _live_steps, _pieces, _testall, _waitall,
-                        poll_step, process_failure, step_error, timeout_error as _timeout)
+                        poll_step, process_failure, raise_step_error, timeout_error as _timeout)
 from . import mpi_steps as _steps
 
 
@@ -117,11 +117,8 @@ class MPIComm(Communicator):
             elif not MPI.Request.Testall(mpi_reqs, statuses):
                 self._poll(requests, mpi_reqs, statuses, limit, what)
         except MPI.Exception as exc:
-            error = step_error(exc, what, [r.peer for r in requests], [r.peer for r in requests if r.is_recv],
-                               statuses)
-            if error is exc:
-                raise
-            raise error from None
+            raise_step_error(exc, what, [r.peer for r in requests], [r.peer for r in requests if r.is_recv],
+                             statuses)
         for r, status in zip(requests, statuses):
             if r.is_recv:
                 check_received(r.peer, r.nbytes, status.Get_count(MPI.BYTE), what)
@@ -155,11 +152,8 @@ class MPIComm(Communicator):
                 else:
                     poll_step(reqs, statuses, recvs, sends, limit, what, self if self.signed else None, tag)
         except MPI.Exception as exc:
-            error = step_error(exc, what, [peer for peer, _, _ in list(recvs) + list(sends)],
-                               [peer for peer, _, _ in recvs], statuses or ())
-            if error is exc:
-                raise
-            raise error from None
+            raise_step_error(exc, what, [peer for peer, _, _ in list(recvs) + list(sends)],
+                             [peer for peer, _, _ in recvs], statuses or ())
         for index, (peer, buf, _) in enumerate(recvs):
             got = statuses[index].Get_count(_BYTE)
             if got != buf.nbytes:
@@ -229,11 +223,8 @@ class MPIComm(Communicator):
                     raise _timeout(what, silent, limit)
                 os.sched_yield()  # at every deadline check: the peer may share this core
         except MPI.Exception as exc:
-            error = step_error(exc, what, [r.peer for r in requests], [r.peer for r in requests if r.is_recv],
-                               statuses)
-            if error is exc:
-                raise
-            raise error from None
+            raise_step_error(exc, what, [r.peer for r in requests], [r.peer for r in requests if r.is_recv],
+                             statuses)
 
     def on_failure(self, exc):
         """Abort the whole job (MPI.Abort) so that no rank waits forever or reports success;

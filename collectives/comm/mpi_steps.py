@@ -112,30 +112,32 @@ def process_failure(exc, what, peers, statuses=()):
                          f"{', '.join(map(str, who))})")
 
 
-def step_error(exc, what, peers, recv_peers, statuses=()):
-    """The error to raise for ``exc``, an MPI error from a step's messages: ProcessFailed where a
-    peer failed or the communicator was revoked (``process_failure``), MismatchError where a
-    message was longer than its receive (MPI_ERR_TRUNCATE, directly or in a status of
-    MPI_ERR_IN_STATUS, or MPI_ERR_IN_STATUS with no statuses to tell), else ``exc`` itself.
-    ``peers``: the requests' peers in order; ``recv_peers``: the receives' peers."""
+def raise_step_error(exc, what, peers, recv_peers, statuses=()):
+    """Raise the library's error for ``exc``, an MPI error from a step's messages (called where it
+    is caught): ProcessFailed where a peer failed or the communicator was revoked
+    (``process_failure``), MismatchError where a message was longer than its receive
+    (MPI_ERR_TRUNCATE, directly or in a status of MPI_ERR_IN_STATUS, or MPI_ERR_IN_STATUS with
+    no statuses to tell), else ``exc`` itself. ``peers``: the requests' peers in order;
+    ``recv_peers``: the receives' peers."""
     failure = process_failure(exc, what, peers, statuses)
     if failure is not None:
-        return failure
+        raise failure from None
     cls = exc.Get_error_class()
     if cls == MPI.ERR_TRUNCATE or (cls == MPI.ERR_IN_STATUS and (not statuses or any(
             status is not None and MPI.Get_error_class(status.Get_error()) == MPI.ERR_TRUNCATE
             for status in statuses))):
         named = ", ".join(str(peer) for peer in dict.fromkeys(recv_peers))
-        return MismatchError(f"{what}: a message from rank(s) {named} is longer than expected "
-                             f"(ranks disagree on count, dtype or algorithm)")
-    return exc
+        raise MismatchError(f"{what}: a message from rank(s) {named} is longer than expected "
+                            f"(ranks disagree on count, dtype or algorithm)") from None
+    raise exc
 
 
 def poll_step(reqs, statuses, recvs, sends, limit, what, prober=None, tag=0):
     """Poll a prepared or posted step (``recvs`` then ``sends``, as ``reqs`` holds them) to the
     deadline; ``prober`` (the communicator, where calls are signed) judges foreign messages."""
-    poll(reqs, statuses, lambda: [(peer, tag, True) for peer, _, _ in recvs] + [(peer, None, False) for peer, _, _ in sends],
-         limit, what, prober)
+    def peers():
+        return [(peer, tag, True) for peer, _, _ in recvs] + [(peer, None, False) for peer, _, _ in sends]
+    poll(reqs, statuses, peers, limit, what, prober)
 
 
 def poll(reqs, statuses, peers, limit, what, prober=None):
@@ -245,7 +247,8 @@ class _PreparedStep:
         except BaseException as exc:
             self._renew()  # requests left active by a failed run are never started again
             if isinstance(exc, MPI.Exception):
-                self._raise(exc)
+                raise_step_error(exc, self.what, [peer for peer, _, _ in self.recvs + self.sends],
+                                 [peer for peer, _, _ in self.recvs], self.statuses)
             raise
         for index, peer, nbytes in self.sizes:
             got = statuses[index].Get_count(_BYTE)
@@ -266,13 +269,6 @@ class _PreparedStep:
                 self.requests = self._make(self.recvs, self.sends)
             except MPI.Exception:  # a revoked communicator (ULFM): marked failed, never run again
                 self.requests = []
-
-    def _raise(self, exc):
-        error = step_error(exc, self.what, [peer for peer, _, _ in self.recvs + self.sends],
-                           [peer for peer, _, _ in self.recvs], self.statuses)
-        if error is exc:
-            raise exc
-        raise error from None
 
     def free(self):
         try:
